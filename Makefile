@@ -1,0 +1,91 @@
+# lilac — one Makefile for the engine, its tests, sanitizer builds and fuzz targets.
+#
+#   make            build/lilac (CPU backend; CUDA backend too where nvcc exists)
+#   make test       install what the tests need, build everything (also under
+#                   ASan+UBSan), run every test, end with "N passed, N failed"
+#   make fuzz       libFuzzer targets (clang) in build/fuzz/
+#   make NO_CUDA=1  skip the CUDA backend even where nvcc exists
+
+CC      ?= gcc
+ifeq ($(origin CC),default)
+CC      := gcc
+endif
+OPT     ?= -O2
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(EXTRA_CFLAGS)
+LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
+
+BUILD   ?= build
+LIB_SRC := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
+CLI_SRC := src/cli/main.c
+TEST_SRC := $(wildcard tests/unit/test_*.c)
+
+# --- CUDA: built only where nvcc exists; never needed for a CPU-only build ---
+NVCC    ?= $(shell command -v nvcc 2>/dev/null)
+CU_SRC  := $(wildcard src/backend/cuda/*.cu)
+ifeq ($(NO_CUDA),1)
+NVCC :=
+endif
+ifneq ($(NVCC),)
+ifneq ($(CU_SRC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+NVFLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+           -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
+CFLAGS  += -DLILAC_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CU_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
+endif
+endif
+
+LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
+TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+.PHONY: all test fuzz asan clean deps check-deps
+all: $(BUILD)/lilac $(TEST_BIN)
+
+$(BUILD)/liblilac.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	ar rcs $@ $^
+
+$(BUILD)/lilac: $(BUILD)/src/cli/main.o $(BUILD)/liblilac.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/liblilac.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+# Same sources under AddressSanitizer + UBSan (CUDA left out: the sanitizers
+# and the CUDA runtime do not mix, and CI has no GPU).
+asan:
+	$(MAKE) BUILD=build/asan NO_CUDA=1 OPT="-O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined" \
+	    EXTRA_CFLAGS="-fsanitize=address,undefined" all
+
+# libFuzzer targets: clang only.
+FUZZ_SRC := $(wildcard fuzz/fuzz_*.c)
+FUZZ_BIN := $(patsubst fuzz/%.c,build/fuzz/%,$(FUZZ_SRC))
+fuzz: $(FUZZ_BIN)
+build/fuzz/%: fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -fopenmp=libomp \
+	    -Isrc -o $@ $< $(filter src/model/%.c src/util/%.c,$(LIB_SRC)) $(LDLIBS:-fopenmp=-fopenmp=libomp)
+
+deps:
+	bash tools/deps.sh
+
+test: deps
+	$(MAKE) all
+	$(MAKE) asan
+	$(MAKE) fuzz
+	bash tests/run.sh
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(BUILD)/src/cli/main.d

@@ -1,0 +1,72 @@
+/* main.c — `lilac <command> [options]`: dispatch to the cmd_*.c files. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "../util/common.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *usage;
+} command;
+
+static const command commands[] = {
+    {"info", cmd_info, "info --model DIR                     format, geometry, bytes per component"},
+    {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy   teacher-forced logits [T,vocab] f32"},
+    {"generate", cmd_generate, "generate --model DIR --ids 1,2,3 --max-tokens N   greedy ids"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "lilac — an inference engine for Qwen3.6-35B-A3B\n\nusage: lilac <command> [options]\n\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  lilac %s\n", commands[i].usage);
+    fprintf(f, "\ncommon options: --backend cpu   --threads N (default: all cores)\n");
+}
+
+bool opt_str(int argc, char **argv, int *i, const char *name, const char **out) {
+    const char *w = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(w, name, n) != 0) return false;
+    if (w[n] == '=') {
+        *out = w + n + 1;
+        return true;
+    }
+    if (w[n] != 0) return false;
+    if (*i + 1 >= argc) lilac_die("%s needs a value", name);
+    *out = argv[++*i];
+    return true;
+}
+
+bool opt_int(int argc, char **argv, int *i, const char *name, long *out) {
+    const char *v;
+    if (!opt_str(argc, argv, i, name, &v)) return false;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end) lilac_die("%s: expected an integer, got \"%s\"", name, v);
+    *out = x;
+    return true;
+}
+
+bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out) {
+    (void)argc;
+    if (strcmp(argv[*i], name) != 0) return false;
+    *out = true;
+    return true;
+}
+
+void opt_unknown(const char *cmd, const char *word) {
+    lilac_die("%s: unknown option \"%s\" (see `lilac help`)", cmd, word);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "lilac: unknown command \"%s\"\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs every lilac test suite and ends with one line: "N passed, N failed".
+#  - C unit tests (tests/unit/test_*.c), plain build and ASan+UBSan build;
+#  - fuzz targets, a bounded run each over their seed corpus;
+#  - Python suites against outside oracles (tests/**/test_*.py, pytest in .venv).
+# Each suite prints its own summary with "N passed" / "N failed"; this script adds them up.
+# A suite that crashes or prints no summary counts as one failure.
+set -u
+cd "$(dirname "$0")/.."
+TOTAL_P=0; TOTAL_F=0
+LOG=build/test-logs; mkdir -p "$LOG"
+
+tally() {  # name rc logfile
+    local name=$1 rc=$2 log=$3 p f line
+    line=$(grep -E '[0-9]+ passed' "$log" | tail -n 1)
+    p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || true)
+    f=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' || true)
+    p=${p:-0}; f=${f:-0}
+    if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; fi
+    if [ -z "$line" ] && [ "$rc" = 0 ]; then f=1; echo "   (no summary line)"; fi
+    TOTAL_P=$((TOTAL_P + p)); TOTAL_F=$((TOTAL_F + f))
+    printf '%-44s %4s passed %4s failed\n' "$name" "$p" "$f"
+    if [ "$f" != 0 ]; then tail -n 40 "$log" | sed 's/^/   | /'; fi
+}
+
+run_suite() {  # name cmd...
+    local name=$1; shift
+    local log="$LOG/$(echo "$name" | tr '/ ' '__').log"
+    "$@" >"$log" 2>&1; tally "$name" $? "$log"
+}
+
+for b in build/tests/test_*; do
+    [ -x "$b" ] && run_suite "c/$(basename "$b")" "$b"
+done
+for b in build/asan/tests/test_*; do
+    [ -x "$b" ] && run_suite "asan/$(basename "$b")" env ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 "$b"
+done
+for b in build/fuzz/fuzz_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b"); corpus=fuzz/corpus/${name#fuzz_}
+    mkdir -p "$LOG/fuzzwork/$name"
+    run_suite "fuzz/$name" bash -c "'$b' -runs=${FUZZ_RUNS:-30000} -max_len=4096 '$LOG/fuzzwork/$name' '$corpus' && echo '1 passed, 0 failed'"
+done
+if [ -x .venv/bin/python ]; then
+    for t in $(find tests -name 'test_*.py' | sort); do
+        run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"
+    done
+fi
+echo "$TOTAL_P passed, $TOTAL_F failed"
+[ "$TOTAL_F" = 0 ]
