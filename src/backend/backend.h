@@ -1,0 +1,40 @@
+/* backend.h — the small C interface every compute backend implements.
+ *
+ * A backend runs the forward pass of a loaded model (weights.h) for one
+ * sequence held in a session: the session owns all mutable state (KV cache of
+ * the full-attention layers, the recurrent state and conv window of every
+ * GDN layer, the current position), so decoding is incremental. */
+#ifndef LILAC_BACKEND_H
+#define LILAC_BACKEND_H
+
+#include "../model/weights.h"
+
+typedef struct lilac_session lilac_session; /* backend-private */
+
+/* Which logits forward() writes. */
+typedef enum {
+    LOGITS_NONE = 0, /* just advance the state (prefill of a prefix) */
+    LOGITS_LAST,     /* logits of the last token only: [vocab] */
+    LOGITS_ALL,      /* teacher forcing: [n, vocab] */
+} lilac_logits_mode;
+
+typedef struct {
+    const char *name;
+    /* Create a session for up to max_seq positions (0: the config maximum). */
+    lilac_session *(*session_new)(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err);
+    void (*session_free)(lilac_session *s);
+    /* Back to position 0, all state zeroed. */
+    void (*session_reset)(lilac_session *s);
+    /* Tokens seen so far. */
+    int64_t (*session_pos)(const lilac_session *s);
+    /* Feed n tokens at the current position; write logits per `mode`.
+     * Returns 0, or -1 + err (e.g. context full, id out of range). */
+    int (*forward)(lilac_session *s, const int32_t *ids, int n, lilac_logits_mode mode, float *logits, lilac_err *err);
+} lilac_backend;
+
+extern const lilac_backend lilac_backend_cpu;
+
+/* "cpu" (or NULL/"auto": the best available). NULL + err if unknown/unavailable. */
+const lilac_backend *lilac_backend_get(const char *name, lilac_err *err);
+
+#endif

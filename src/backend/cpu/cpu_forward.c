@@ -1,0 +1,386 @@
+/* cpu_forward.c — the whole Qwen3.6-35B-A3B text forward pass in plain C, f32.
+ *
+ * Read top to bottom: session (state) -> embedding -> per layer
+ * [RMSNorm -> GatedDeltaNet or gated attention -> residual -> RMSNorm -> MoE ->
+ * residual] -> final norm -> lm_head. Tokens are processed in chunks of up to
+ * CHUNK positions so activation memory stays bounded at any prompt length;
+ * within a chunk every weight row is dequantised once and used for all tokens.
+ * Numerics follow mlx-lm's qwen3_5 model computed in f32 (spec/model.md §3). */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../backend.h"
+#include "cpu_ops.h"
+
+#define CHUNK 128
+
+struct lilac_session {
+    const lilac_model *m;
+    int threads;
+    int64_t pos, max_seq;
+    /* per layer (NULL where the layer type does not have it) */
+    float **conv_state;  /* GDN: [K-1][conv_dim] raw projected inputs, oldest first */
+    float **ssm;         /* GDN: [v_heads][k_dim][v_dim] f32 recurrent state */
+    float **kcache;      /* attention: [kv_cap][n_kv*head_dim] (after k_norm + RoPE) */
+    float **vcache;      /* attention: [kv_cap][n_kv*head_dim] */
+    int64_t kv_cap;
+    /* chunk scratch */
+    float *x, *xn, *r;                 /* [CHUNK][hidden] */
+    float *qkv, *conv_out, *z, *ba, *bb, *o;  /* GDN */
+    float *qg, *kx, *vx, *att;         /* attention */
+    float *router, *topw, *moe_x, *moe_g, *moe_u, *moe_y, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
+    int *topi;
+    float *hidden_last;                /* [hidden] normed final hidden of the last token */
+};
+
+/* ---- session ------------------------------------------------------------ */
+
+static void cpu_session_reset(lilac_session *s) {
+    const lilac_config *c = &s->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (s->conv_state[l]) memset(s->conv_state[l], 0, sizeof(float) * (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c)));
+        if (s->ssm[l]) memset(s->ssm[l], 0, sizeof(float) * (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim));
+    }
+    s->pos = 0;
+}
+
+static void cpu_session_free(lilac_session *s) {
+    if (!s) return;
+    for (int l = 0; l < s->m->cfg.n_layers; l++) {
+        free(s->conv_state[l]); free(s->ssm[l]); free(s->kcache[l]); free(s->vcache[l]);
+    }
+    free(s->conv_state); free(s->ssm); free(s->kcache); free(s->vcache);
+    float *bufs[] = {s->x, s->xn, s->r, s->qkv, s->conv_out, s->z, s->ba, s->bb, s->o, s->qg, s->kx, s->vx, s->att,
+                     s->router, s->topw, s->moe_x, s->moe_g, s->moe_u, s->moe_y, s->sh_g, s->sh_u, s->sh_y,
+                     s->sh_gate, s->hidden_last};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(s->topi);
+    free(s);
+}
+
+static float *fbuf(int64_t n) { return xcalloc((size_t)n, sizeof(float)); }
+
+static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err) {
+    const lilac_config *c = &m->cfg;
+    if (max_seq <= 0 || max_seq > c->max_pos) max_seq = c->max_pos;
+    if (threads > 0) omp_set_num_threads(threads);
+    (void)err;
+    lilac_session *s = xcalloc(1, sizeof *s);
+    s->m = m;
+    s->threads = threads;
+    s->max_seq = max_seq;
+    int L = c->n_layers;
+    s->conv_state = xcalloc((size_t)L, sizeof(float *));
+    s->ssm = xcalloc((size_t)L, sizeof(float *));
+    s->kcache = xcalloc((size_t)L, sizeof(float *));
+    s->vcache = xcalloc((size_t)L, sizeof(float *));
+    for (int l = 0; l < L; l++) {
+        if (c->is_full[l]) continue;
+        s->conv_state[l] = fbuf((c->conv_kernel - 1) * cfg_conv_dim(c));
+        s->ssm[l] = fbuf((int64_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim);
+    }
+    const int64_t H = c->hidden, C = CHUNK;
+    s->x = fbuf(C * H); s->xn = fbuf(C * H); s->r = fbuf(C * H);
+    s->qkv = fbuf(C * cfg_conv_dim(c)); s->conv_out = fbuf(C * cfg_conv_dim(c));
+    s->z = fbuf(C * cfg_lin_val_dim(c)); s->o = fbuf(C * cfg_lin_val_dim(c));
+    s->ba = fbuf(C * c->lin_v_heads); s->bb = fbuf(C * c->lin_v_heads);
+    s->qg = fbuf(C * 2 * c->n_heads * c->head_dim);
+    s->kx = fbuf(C * c->n_kv_heads * c->head_dim); s->vx = fbuf(C * c->n_kv_heads * c->head_dim);
+    s->att = fbuf(C * c->n_heads * c->head_dim);
+    s->router = fbuf(C * c->n_experts); s->topw = fbuf(C * c->top_k);
+    s->topi = xcalloc((size_t)(C * c->top_k), sizeof(int));
+    s->moe_x = fbuf(C * H); s->moe_y = fbuf(C * H);
+    s->moe_g = fbuf(C * c->moe_inter); s->moe_u = fbuf(C * c->moe_inter);
+    s->sh_g = fbuf(C * c->shared_inter); s->sh_u = fbuf(C * c->shared_inter); s->sh_y = fbuf(C * H);
+    s->sh_gate = fbuf(C);
+    s->hidden_last = fbuf(H);
+    return s;
+}
+
+static int64_t cpu_session_pos(const lilac_session *s) { return s->pos; }
+
+/* Grow the KV caches of the attention layers to hold `need` positions. */
+static void kv_reserve(lilac_session *s, int64_t need) {
+    if (need <= s->kv_cap) return;
+    const lilac_config *c = &s->m->cfg;
+    int64_t cap = s->kv_cap ? s->kv_cap : 256;
+    while (cap < need) cap *= 2;
+    if (cap > s->max_seq) cap = s->max_seq;
+    const size_t row = sizeof(float) * (size_t)(c->n_kv_heads * c->head_dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->is_full[l]) continue;
+        s->kcache[l] = xrealloc(s->kcache[l], row * (size_t)cap);
+        s->vcache[l] = xrealloc(s->vcache[l], row * (size_t)cap);
+    }
+    s->kv_cap = cap;
+}
+
+/* ---- Gated DeltaNet ----------------------------------------------------- */
+
+static void gdn_layer(lilac_session *s, const lilac_layer *ly, float **conv_state_p, float *ssm, int T) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
+    const int K = c->conv_kernel, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    float *conv_state = *conv_state_p;
+
+    cpu_matmul(&ly->in_qkv, s->xn, T, s->qkv);
+    cpu_matmul(&ly->in_z, s->xn, T, s->z);
+    cpu_matmul(&ly->in_b, s->xn, T, s->bb);
+    cpu_matmul(&ly->in_a, s->xn, T, s->ba);
+
+    /* Causal depthwise conv over [state (K-1 rows) | qkv (T rows)], then SiLU. */
+#pragma omp parallel for schedule(static)
+    for (int64_t ch = 0; ch < CD; ch++) {
+        const float *w = ly->conv + ch * K;
+        for (int t = 0; t < T; t++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                int src = t - (K - 1) + k; /* < 0: from the state */
+                float in = src >= 0 ? s->qkv[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+                acc += w[k] * in;
+            }
+            s->conv_out[(int64_t)t * CD + ch] = cpu_silu(acc);
+        }
+        /* New state: the last K-1 raw inputs of [state | qkv]. */
+        float tmp[16];
+        for (int k = 0; k < K - 1; k++) {
+            int src = T - (K - 1) + k;
+            tmp[k] = src >= 0 ? s->qkv[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+        }
+        for (int k = 0; k < K - 1; k++) conv_state[(int64_t)k * CD + ch] = tmp[k];
+    }
+
+    /* Per v-head recurrence, sequential in t, parallel over heads. */
+    const float qscale = 1.0f / sqrtf((float)dk);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int j = 0; j < Hv; j++) {
+        const int hk = j / (Hv / Hk); /* v-head j reads q/k head j / (Hv/Hk) */
+        float *S = ssm + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
+        float q[512], k[512], r[512];
+        const float A = expf(ly->A_log[j]);
+        for (int t = 0; t < T; t++) {
+            const float *row = s->conv_out + (int64_t)t * CD;
+            const float *qr = row + hk * dk, *kr = row + KD + hk * dk, *v = row + 2 * KD + (int64_t)j * dv;
+            float qs = 0.0f, ks = 0.0f;
+            for (int i = 0; i < dk; i++) { qs += qr[i] * qr[i]; ks += kr[i] * kr[i]; }
+            const float qn = qscale / sqrtf(qs + 1e-6f), kn = 1.0f / sqrtf(ks + 1e-6f);
+            for (int i = 0; i < dk; i++) { q[i] = qr[i] * qn; k[i] = kr[i] * kn; }
+            const float beta = cpu_sigmoid(s->bb[(int64_t)t * Hv + j]);
+            const float xa = s->ba[(int64_t)t * Hv + j] + ly->dt_bias[j];
+            const float softplus = xa > 20.0f ? xa : log1pf(expf(xa));
+            const float decay = expf(-A * softplus);
+            for (int m = 0; m < dv; m++) r[m] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (int64_t)i * dv;
+                for (int m = 0; m < dv; m++) { Si[m] *= decay; r[m] += Si[m] * k[i]; }
+            }
+            for (int m = 0; m < dv; m++) r[m] = (v[m] - r[m]) * beta; /* delta */
+            float *o = s->o + (int64_t)t * VD + (int64_t)j * dv;
+            for (int m = 0; m < dv; m++) o[m] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (int64_t)i * dv;
+                for (int m = 0; m < dv; m++) { Si[m] += k[i] * r[m]; o[m] += Si[m] * q[i]; }
+            }
+            /* Gated RMSNorm: w * rmsnorm(o) * silu(z). */
+            const float *z = s->z + (int64_t)t * VD + (int64_t)j * dv;
+            cpu_rmsnorm(o, o, ly->gdn_norm, dv, c->rms_eps);
+            for (int m = 0; m < dv; m++) o[m] *= cpu_silu(z[m]);
+        }
+    }
+    cpu_matmul(&ly->out_proj, s->o, T, s->r);
+}
+
+/* ---- gated attention ---------------------------------------------------- */
+
+/* NeoX partial rotary on dims [0, rd): pairs (i, i + rd/2). */
+static void rope(float *x, int rd, int64_t pos, double theta) {
+    const int half = rd / 2;
+    for (int i = 0; i < half; i++) {
+        const float inv_freq = (float)pow(theta, -2.0 * i / rd);
+        const float ang = (float)pos * inv_freq;
+        const float cs = cosf(ang), sn = sinf(ang);
+        const float a = x[i], b = x[i + half];
+        x[i] = a * cs - b * sn;
+        x[i + half] = b * cs + a * sn;
+    }
+}
+
+static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
+    const lilac_config *c = &s->m->cfg;
+    const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv;
+    const int64_t kvw = (int64_t)nkv * hd, qgw = 2 * (int64_t)nh * hd;
+    const int64_t p0 = s->pos;
+
+    cpu_matmul(&ly->q_proj, s->xn, T, s->qg);
+    cpu_matmul(&ly->k_proj, s->xn, T, s->kx);
+    cpu_matmul(&ly->v_proj, s->xn, T, s->vx);
+    kv_reserve(s, p0 + T);
+    float *kc = s->kcache[l], *vc = s->vcache[l];
+
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            float *q = s->qg + t * qgw + (int64_t)h * 2 * hd; /* [query | gate] per head */
+            cpu_rmsnorm(q, q, ly->q_norm, hd, c->rms_eps);
+            rope(q, c->rotary_dim, p0 + t, c->rope_theta);
+        }
+        for (int h = 0; h < nkv; h++) {
+            float *k = kc + (p0 + t) * kvw + (int64_t)h * hd;
+            cpu_rmsnorm(k, s->kx + t * kvw + (int64_t)h * hd, ly->k_norm, hd, c->rms_eps);
+            rope(k, c->rotary_dim, p0 + t, c->rope_theta);
+            memcpy(vc + (p0 + t) * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+        }
+    }
+
+    const float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        float *sc = malloc(sizeof(float) * (size_t)(p0 + T));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < nh; h++) {
+                const float *q = s->qg + t * qgw + (int64_t)h * 2 * hd, *gate = q + hd;
+                const int kh = h / grp;
+                const int64_t n = p0 + t + 1; /* causal: keys 0..p0+t */
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    sc[j] = cpu_dot(q, kc + j * kvw + (int64_t)kh * hd, hd) * scale;
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j < n; j++) sum += (sc[j] = expf(sc[j] - mx));
+                float *o = s->att + (int64_t)t * nh * hd + (int64_t)h * hd;
+                for (int d = 0; d < hd; d++) o[d] = 0.0f;
+                for (int64_t j = 0; j < n; j++) {
+                    const float p = sc[j] / sum, *v = vc + j * kvw + (int64_t)kh * hd;
+                    for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                }
+                for (int d = 0; d < hd; d++) o[d] *= cpu_sigmoid(gate[d]);
+            }
+        }
+        free(sc);
+    }
+    cpu_matmul(&ly->o_proj, s->att, T, s->r);
+}
+
+/* ---- mixture of experts ------------------------------------------------- */
+
+static void moe_layer(lilac_session *s, const lilac_layer *ly, int T) {
+    const lilac_config *c = &s->m->cfg;
+    const int E = c->n_experts, K = c->top_k;
+    const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
+
+    /* Router: softmax over all experts (f32), top-k, renormalise. */
+    cpu_matmul(&ly->router, s->xn, T, s->router);
+    for (int t = 0; t < T; t++) {
+        float *p = s->router + (int64_t)t * E;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++) if (p[e] > mx) mx = p[e];
+        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int e = 0; e < E; e++) p[e] /= sum;
+        int *ti = s->topi + t * K;
+        float *tw = s->topw + t * K, tot = 0.0f;
+        for (int k = 0; k < K; k++) { /* selection by repeated max; ties -> lowest index */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int j = 0; j < k; j++) taken |= ti[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ti[k] = best;
+            tot += tw[k] = p[best];
+        }
+        if (c->norm_topk) for (int k = 0; k < K; k++) tw[k] /= tot;
+    }
+
+    memset(s->r, 0, sizeof(float) * (size_t)(T * H));
+    /* Each expert runs once over the tokens routed to it. */
+    int rows[CHUNK];
+    float wts[CHUNK];
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < K; k++)
+                if (s->topi[t * K + k] == e) { rows[n] = t; wts[n] = s->topw[t * K + k]; n++; }
+        if (!n) continue;
+        for (int i = 0; i < n; i++) memcpy(s->moe_x + i * H, s->xn + rows[i] * H, sizeof(float) * (size_t)H);
+        lilac_matrix g = lilac_mat_expert(&ly->exp_gate, e), u = lilac_mat_expert(&ly->exp_up, e),
+                     d = lilac_mat_expert(&ly->exp_down, e);
+        cpu_matmul(&g, s->moe_x, n, s->moe_g);
+        cpu_matmul(&u, s->moe_x, n, s->moe_u);
+        for (int64_t i = 0; i < n * I; i++) s->moe_g[i] = cpu_silu(s->moe_g[i]) * s->moe_u[i];
+        cpu_matmul(&d, s->moe_g, n, s->moe_y);
+        for (int i = 0; i < n; i++)
+            for (int64_t h = 0; h < H; h++) s->r[rows[i] * H + h] += wts[i] * s->moe_y[i * H + h];
+    }
+
+    /* Shared expert, scaled by sigmoid(shared_expert_gate . x). */
+    cpu_matmul(&ly->sh_gate, s->xn, T, s->sh_g);
+    cpu_matmul(&ly->sh_up, s->xn, T, s->sh_u);
+    for (int64_t i = 0; i < T * SI; i++) s->sh_g[i] = cpu_silu(s->sh_g[i]) * s->sh_u[i];
+    cpu_matmul(&ly->sh_down, s->sh_g, T, s->sh_y);
+    cpu_matmul(&ly->sh_expert_gate, s->xn, T, s->sh_gate);
+    for (int t = 0; t < T; t++) {
+        const float gs = cpu_sigmoid(s->sh_gate[t]);
+        for (int64_t h = 0; h < H; h++) s->r[t * H + h] += gs * s->sh_y[t * H + h];
+    }
+}
+
+/* ---- the forward pass --------------------------------------------------- */
+
+static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_logits_mode mode, float *logits) {
+    const lilac_model *m = s->m;
+    const lilac_config *c = &m->cfg;
+    const int64_t H = c->hidden;
+
+    for (int t = 0; t < T; t++) lilac_mat_row(&m->embed, ids[t], s->x + t * H);
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const lilac_layer *ly = &m->layers[l];
+        for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, s->x + t * H, ly->in_norm, H, c->rms_eps);
+        if (ly->is_full) attn_layer(s, ly, l, T);
+        else gdn_layer(s, ly, &s->conv_state[l], s->ssm[l], T);
+        for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
+
+        for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, s->x + t * H, ly->post_norm, H, c->rms_eps);
+        moe_layer(s, ly, T);
+        for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
+    }
+    s->pos += T;
+
+    if (mode == LOGITS_NONE) return;
+    int first = mode == LOGITS_ALL ? 0 : T - 1;
+    for (int t = first; t < T; t++) cpu_rmsnorm(s->xn + (t - first) * H, s->x + t * H, m->final_norm, H, c->rms_eps);
+    cpu_matmul(&m->lm_head, s->xn, T - first, logits);
+}
+
+static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits_mode mode, float *logits, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    if (n <= 0) return lilac_fail(err, "forward: no tokens");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return lilac_fail(err, "token id %d at index %d is outside the vocabulary [0, %lld)", ids[i], i,
+                              (long long)c->vocab);
+    if (s->pos + n > s->max_seq)
+        return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
+                          (long long)s->max_seq);
+    for (int done = 0; done < n;) {
+        int T = n - done < CHUNK ? n - done : CHUNK;
+        bool last = done + T == n;
+        lilac_logits_mode cm = mode == LOGITS_ALL ? LOGITS_ALL : (last ? mode : LOGITS_NONE);
+        float *out = mode == LOGITS_ALL ? logits + (int64_t)done * c->vocab : logits;
+        forward_chunk(s, ids + done, T, cm, out);
+        done += T;
+    }
+    return 0;
+}
+
+const lilac_backend lilac_backend_cpu = {
+    .name = "cpu",
+    .session_new = cpu_session_new,
+    .session_free = cpu_session_free,
+    .session_reset = cpu_session_reset,
+    .session_pos = cpu_session_pos,
+    .forward = cpu_forward,
+};

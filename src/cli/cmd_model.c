@@ -1,0 +1,181 @@
+/* cmd_model.c — the model commands: info, logits (teacher forcing), generate (greedy). */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../backend/backend.h"
+#include "../util/npy.h"
+#include "commands.h"
+
+/* Options every model command shares. */
+typedef struct {
+    const char *model, *backend;
+    long threads;
+} model_opts;
+
+static bool common_opt(int argc, char **argv, int *i, model_opts *o) {
+    return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
+           opt_int(argc, argv, i, "--threads", &o->threads);
+}
+
+static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lilac_backend **be) {
+    if (!o->model) o->model = getenv("LILAC_MODEL");
+    if (!o->model)
+        lilac_die("%s: no model: pass --model DIR or set LILAC_MODEL (an mlx-community Qwen3.6-35B-A3B-4bit "
+                  "or Qwen/Qwen3.6-35B-A3B directory)", cmd);
+    lilac_err err = {{0}};
+    if (be && !(*be = lilac_backend_get(o->backend, &err))) lilac_die("%s", err.msg);
+    if (o->threads < 0) lilac_die("--threads must be positive");
+    if (o->threads > 0) omp_set_num_threads((int)o->threads);
+    if (lilac_model_load(m, o->model, &err) < 0) lilac_die("%s", err.msg);
+}
+
+/* ---- info --------------------------------------------------------------- */
+
+static size_t vec_bytes(int64_t n) { return (size_t)n * 2; }
+
+int cmd_info(int argc, char **argv) {
+    model_opts o = {0};
+    for (int i = 1; i < argc; i++)
+        if (!common_opt(argc, argv, &i, &o)) opt_unknown("info", argv[i]);
+    lilac_model m;
+    open_model("info", &o, &m, NULL);
+    const lilac_config *c = &m.cfg;
+    int n_full = 0;
+    size_t b_attn = 0, b_gdn = 0, b_router = 0, b_exp = 0, b_shared = 0, b_norm = vec_bytes(c->hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+        const lilac_layer *y = &m.layers[l];
+        n_full += y->is_full;
+        if (y->is_full)
+            b_attn += lilac_mat_bytes(&y->q_proj) + lilac_mat_bytes(&y->k_proj) + lilac_mat_bytes(&y->v_proj) +
+                      lilac_mat_bytes(&y->o_proj) + vec_bytes(2 * c->head_dim);
+        else
+            b_gdn += lilac_mat_bytes(&y->in_qkv) + lilac_mat_bytes(&y->in_z) + lilac_mat_bytes(&y->in_b) +
+                     lilac_mat_bytes(&y->in_a) + lilac_mat_bytes(&y->out_proj) +
+                     vec_bytes(cfg_conv_dim(c) * c->conv_kernel + 2 * c->lin_v_heads + c->lin_v_dim);
+        b_router += lilac_mat_bytes(&y->router);
+        b_exp += lilac_mat_bytes(&y->exp_gate) + lilac_mat_bytes(&y->exp_up) + lilac_mat_bytes(&y->exp_down);
+        b_shared += lilac_mat_bytes(&y->sh_gate) + lilac_mat_bytes(&y->sh_up) + lilac_mat_bytes(&y->sh_down) +
+                    lilac_mat_bytes(&y->sh_expert_gate);
+        b_norm += vec_bytes(2 * c->hidden);
+    }
+    size_t b_embed = lilac_mat_bytes(&m.embed), b_head = c->tie_embeddings ? 0 : lilac_mat_bytes(&m.lm_head);
+    size_t total = b_embed + b_head + b_attn + b_gdn + b_router + b_exp + b_shared + b_norm;
+    printf("model      %s\n", m.dir);
+    if (m.layout == LAYOUT_MLX)
+        printf("format     MLX affine %d-bit, group %d (mlx-community layout)\n", c->q_bits, c->q_group);
+    else
+        printf("format     HF bf16 (official layout)\n");
+    printf("files      %d safetensors file(s), %d tensors, %d skipped (vision/MTP)\n", m.st.n_shards, m.st.n_tensors,
+           m.n_skipped);
+    printf("layers     %d (%d Gated DeltaNet, %d gated attention)\n", c->n_layers, c->n_layers - n_full, n_full);
+    printf("hidden     %lld, vocab %lld, max context %lld\n", (long long)c->hidden, (long long)c->vocab,
+           (long long)c->max_pos);
+    printf("attention  %d heads / %d kv heads x %d, rotary %d, theta %g\n", c->n_heads, c->n_kv_heads, c->head_dim,
+           c->rotary_dim, c->rope_theta);
+    printf("deltanet   %d k heads / %d v heads, k %d, v %d, conv %d\n", c->lin_k_heads, c->lin_v_heads, c->lin_k_dim,
+           c->lin_v_dim, c->conv_kernel);
+    printf("moe        %d experts, top %d, expert %lld, shared %lld\n", c->n_experts, c->top_k,
+           (long long)c->moe_inter, (long long)c->shared_inter);
+    printf("bytes      embedding %.1f MB, lm_head %.1f MB, attention %.1f MB, deltanet %.1f MB,\n"
+           "           router %.1f MB, experts %.1f MB, shared experts %.1f MB, norms %.2f MB; total %.3f GB\n",
+           b_embed / 1e6, b_head / 1e6, b_attn / 1e6, b_gdn / 1e6, b_router / 1e6, b_exp / 1e6, b_shared / 1e6,
+           b_norm / 1e6, total / 1e9);
+    printf("per token  %.1f MB of weights read per decoded token (top-%d experts)\n",
+           (b_head + b_attn + b_gdn + b_router + b_shared + b_norm + b_exp * (double)c->top_k / c->n_experts +
+            (double)b_embed / c->vocab) / 1e6, c->top_k);
+    int ndiff = lilac_config_diff_real(c, NULL);
+    if (ndiff == 0) printf("geometry   the real Qwen3.6-35B-A3B\n");
+    else {
+        printf("geometry   differs from the real Qwen3.6-35B-A3B in %d field(s):\n", ndiff);
+        lilac_config_diff_real(c, stdout);
+    }
+    lilac_model_free(&m);
+    return 0;
+}
+
+/* ---- logits ------------------------------------------------------------- */
+
+int cmd_logits(int argc, char **argv) {
+    model_opts o = {0};
+    const char *ids_s = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
+            !opt_str(argc, argv, &i, "--out", &out))
+            opt_unknown("logits", argv[i]);
+    if (!ids_s || !out) lilac_die("usage: lilac logits --model DIR --ids 1,2,3 --out FILE.npy");
+    lilac_err err = {{0}};
+    int32_t *ids;
+    int n = lilac_parse_ids(ids_s, &ids, &err);
+    if (n < 0) lilac_die("%s", err.msg);
+    lilac_model m;
+    const lilac_backend *be;
+    open_model("logits", &o, &m, &be);
+    lilac_session *s = be->session_new(&m, n, (int)o.threads, &err);
+    if (!s) lilac_die("%s", err.msg);
+    float *logits = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.vocab);
+    if (be->forward(s, ids, n, LOGITS_ALL, logits, &err) < 0) lilac_die("%s", err.msg);
+    int64_t shape[2] = {n, m.cfg.vocab};
+    if (npy_write(out, "<f4", logits, 2, shape, &err) < 0) lilac_die("%s", err.msg);
+    free(logits);
+    free(ids);
+    be->session_free(s);
+    lilac_model_free(&m);
+    return 0;
+}
+
+/* ---- generate ----------------------------------------------------------- */
+
+static int argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int)best;
+}
+
+int cmd_generate(int argc, char **argv) {
+    model_opts o = {0};
+    const char *ids_s = NULL;
+    long max_tokens = 64;
+    bool ignore_eos = false, timing = false;
+    for (int i = 1; i < argc; i++)
+        if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
+            !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
+            !opt_flag(argc, argv, &i, "--timing", &timing))
+            opt_unknown("generate", argv[i]);
+    if (!ids_s) lilac_die("usage: lilac generate --model DIR --ids 1,2,3 --max-tokens N");
+    if (max_tokens < 0) lilac_die("--max-tokens must be >= 0");
+    lilac_err err = {{0}};
+    int32_t *ids;
+    int n = lilac_parse_ids(ids_s, &ids, &err);
+    if (n < 0) lilac_die("%s", err.msg);
+    lilac_model m;
+    const lilac_backend *be;
+    open_model("generate", &o, &m, &be);
+    lilac_session *s = be->session_new(&m, n + max_tokens, (int)o.threads, &err);
+    if (!s) lilac_die("%s", err.msg);
+    float *logits = xmalloc(sizeof(float) * (size_t)m.cfg.vocab);
+    double t0 = lilac_now();
+    if (be->forward(s, ids, n, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
+    double t1 = lilac_now();
+    long produced = 0;
+    for (; produced < max_tokens; produced++) {
+        int32_t tok = argmax(logits, m.cfg.vocab);
+        printf(produced ? " %d" : "%d", tok);
+        fflush(stdout);
+        if (!ignore_eos && tok == m.cfg.eos_id) { produced++; break; }
+        if (produced + 1 == max_tokens) { produced++; break; }
+        if (be->forward(s, &tok, 1, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
+    }
+    printf("\n");
+    double t2 = lilac_now();
+    if (timing)
+        fprintf(stderr, "prefill %d tokens %.3f s (%.1f tok/s), decode %ld tokens %.3f s (%.2f tok/s), %d threads\n", n,
+                t1 - t0, n / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0,
+                omp_get_max_threads());
+    free(logits);
+    free(ids);
+    be->session_free(s);
+    lilac_model_free(&m);
+    return 0;
+}
