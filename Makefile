@@ -39,7 +39,7 @@ endif
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-.PHONY: all test fuzz asan clean deps check-deps
+.PHONY: all test fuzz asan clean deps run
 all: $(BUILD)/lilac $(TEST_BIN)
 
 $(BUILD)/liblilac.a: $(LIB_OBJ)
@@ -78,6 +78,15 @@ build/fuzz/%: fuzz/%.c $(LIB_SRC)
 
 deps:
 	bash tools/deps.sh
+
+# The main job: build, then run lilac on MODEL (or $$LILAC_MODEL).
+MODEL ?= $(LILAC_MODEL)
+run:
+	bash tools/deps.sh --c-only
+	$(MAKE) $(BUILD)/lilac
+	@if [ -z "$(MODEL)" ]; then ./$(BUILD)/lilac info; exit 1; fi
+	./$(BUILD)/lilac info --model "$(MODEL)"
+	./$(BUILD)/lilac generate --model "$(MODEL)" --ids 248045,846,198 --max-tokens 16 --timing
 
 test: deps
 	$(MAKE) all
