@@ -9,6 +9,10 @@
 
 #include "../model/weights.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct lilac_session lilac_session; /* backend-private */
 
 /* Which logits forward() writes. */
@@ -30,11 +34,33 @@ typedef struct {
     /* Feed n tokens at the current position; write logits per `mode`.
      * Returns 0, or -1 + err (e.g. context full, id out of range). */
     int (*forward)(lilac_session *s, const int32_t *ids, int n, lilac_logits_mode mode, float *logits, lilac_err *err);
+    /* Greedy decoding loop: feed `first`, take the argmax, hand it to
+     * on_token, feed it, ... until on_token returns false or max_new tokens
+     * were produced. Contract: on return the session has consumed `first` and
+     * every token handed to on_token (the last one too), so a following turn
+     * continues from exactly what the caller saw. Returns tokens produced, or
+     * -1 + err. Backends may run ahead of on_token (the CUDA one does, by one
+     * step) but never past this contract. */
+    int (*decode_greedy)(lilac_session *s, int32_t first, int max_new, bool (*on_token)(void *ud, int32_t tok),
+                         void *ud, lilac_err *err);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;
+#ifdef LILAC_CUDA
+extern const lilac_backend lilac_backend_cuda;
+/* True when a usable CUDA device (sm_90) is present; else false + err says why. */
+bool lilac_cuda_available(lilac_err *err);
+#endif
+
+/* Shared by backends: the decode_greedy loop written with forward(). */
+int lilac_decode_greedy_generic(const lilac_backend *be, lilac_session *s, int64_t vocab, int32_t first, int max_new,
+                                bool (*on_token)(void *ud, int32_t tok), void *ud, lilac_err *err);
 
 /* "cpu" (or NULL/"auto": the best available). NULL + err if unknown/unavailable. */
 const lilac_backend *lilac_backend_get(const char *name, lilac_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

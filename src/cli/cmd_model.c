@@ -133,6 +133,18 @@ static int argmax(const float *x, int64_t n) {
     return (int)best;
 }
 
+typedef struct {
+    int eos, produced;
+} gen_state;
+
+/* Print each id as it arrives; stop at end-of-sequence. */
+static bool on_token(void *ud, int32_t tok) {
+    gen_state *g = ud;
+    printf(g->produced++ ? " %d" : "%d", tok);
+    fflush(stdout);
+    return tok != g->eos;
+}
+
 int cmd_generate(int argc, char **argv) {
     model_opts o = {0};
     const char *ids_s = NULL;
@@ -158,21 +170,19 @@ int cmd_generate(int argc, char **argv) {
     double t0 = lilac_now();
     if (be->forward(s, ids, n, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
     double t1 = lilac_now();
-    long produced = 0;
-    for (; produced < max_tokens; produced++) {
-        int32_t tok = argmax(logits, m.cfg.vocab);
-        printf(produced ? " %d" : "%d", tok);
-        fflush(stdout);
-        if (!ignore_eos && tok == m.cfg.eos_id) { produced++; break; }
-        if (produced + 1 == max_tokens) { produced++; break; }
-        if (be->forward(s, &tok, 1, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
+    gen_state g = {.eos = ignore_eos ? -1 : m.cfg.eos_id};
+    if (max_tokens > 0) {
+        int32_t first = argmax(logits, m.cfg.vocab);
+        if (on_token(&g, first) && max_tokens > 1 &&
+            be->decode_greedy(s, first, (int)max_tokens - 1, on_token, &g, &err) < 0)
+            lilac_die("%s", err.msg);
     }
     printf("\n");
     double t2 = lilac_now();
     if (timing)
-        fprintf(stderr, "prefill %d tokens %.3f s (%.1f tok/s), decode %ld tokens %.3f s (%.2f tok/s), %d threads\n", n,
-                t1 - t0, n / (t1 - t0), produced, t2 - t1, produced > 1 ? (produced - 1) / (t2 - t1) : 0.0,
-                omp_get_max_threads());
+        fprintf(stderr, "prefill %d tokens %.3f s (%.1f tok/s), decode %d tokens %.3f s (%.2f tok/s), backend %s\n", n,
+                t1 - t0, n / (t1 - t0), g.produced, t2 - t1, g.produced > 1 ? (g.produced - 1) / (t2 - t1) : 0.0,
+                be->name);
     free(logits);
     free(ids);
     be->session_free(s);

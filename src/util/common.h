@@ -18,8 +18,14 @@ typedef struct {
  * callers can write `return lilac_fail(err, ...)`. */
 int lilac_fail(lilac_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+#ifdef __cplusplus
+#define LILAC_NORETURN [[noreturn]]
+#else
+#define LILAC_NORETURN _Noreturn
+#endif
+
 /* Fatal: print "lilac: <msg>" to stderr and exit(1). For CLI-level errors only. */
-_Noreturn void lilac_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+LILAC_NORETURN void lilac_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Allocation that cannot return NULL (dies with a clear message instead). */
 void *xmalloc(size_t n);

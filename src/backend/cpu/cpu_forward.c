@@ -376,6 +376,11 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
     return 0;
 }
 
+static int cpu_decode_greedy(lilac_session *s, int32_t first, int max_new, bool (*on_token)(void *, int32_t), void *ud,
+                             lilac_err *err) {
+    return lilac_decode_greedy_generic(&lilac_backend_cpu, s, s->m->cfg.vocab, first, max_new, on_token, ud, err);
+}
+
 const lilac_backend lilac_backend_cpu = {
     .name = "cpu",
     .session_new = cpu_session_new,
@@ -383,4 +388,5 @@ const lilac_backend lilac_backend_cpu = {
     .session_reset = cpu_session_reset,
     .session_pos = cpu_session_pos,
     .forward = cpu_forward,
+    .decode_greedy = cpu_decode_greedy,
 };
