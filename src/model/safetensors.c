@@ -1,0 +1,527 @@
+/* safetensors.c — see safetensors.h.
+ *
+ * Invariants kept by every function here:
+ *  - set->tensors is always sorted by name and holds no duplicate names
+ *    (st_parse_buffer merges each file's tensors in and refuses a name that is
+ *    already present, which is how duplicates across shards are caught);
+ *  - a failed st_parse_buffer leaves the set exactly as it was;
+ *  - a failed st_open_dir leaves the set empty (everything unmapped and freed);
+ *  - st_close never munmaps a shard whose map is NULL, so sets built by hand
+ *    around st_parse_buffer (the fuzz target, tests) can be closed safely.
+ * The parser never dereferences tensor data: it only computes pointers. */
+#include "safetensors.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct {
+    const char *name;
+    size_t size;
+} st_dtypes[ST_DTYPE_COUNT] = {
+    [ST_BOOL] = {"BOOL", 1},   [ST_U8] = {"U8", 1},     [ST_I8] = {"I8", 1},
+    [ST_U16] = {"U16", 2},     [ST_I16] = {"I16", 2},   [ST_F16] = {"F16", 2},
+    [ST_BF16] = {"BF16", 2},   [ST_U32] = {"U32", 4},   [ST_I32] = {"I32", 4},
+    [ST_F32] = {"F32", 4},     [ST_U64] = {"U64", 8},   [ST_I64] = {"I64", 8},
+    [ST_F64] = {"F64", 8},     [ST_F8_E4M3] = {"F8_E4M3", 1},
+    [ST_F8_E5M2] = {"F8_E5M2", 1},
+};
+
+const char *st_dtype_name(st_dtype t) {
+    if ((int)t < 0 || t >= ST_DTYPE_COUNT) return "?";
+    return st_dtypes[t].name;
+}
+
+size_t st_dtype_size(st_dtype t) {
+    if ((int)t < 0 || t >= ST_DTYPE_COUNT) return 0;
+    return st_dtypes[t].size;
+}
+
+static int dtype_from_name(const char *s, st_dtype *out) {
+    for (int i = 0; i < ST_DTYPE_COUNT; i++) {
+        if (strcmp(s, st_dtypes[i].name) == 0) {
+            *out = (st_dtype)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Small formatting helpers for error messages.                              */
+
+/* A short rendering of a JSON value for "found ..." in messages. */
+static void json_brief(const json_t *v, char *buf, size_t cap) {
+    if (!v) {
+        snprintf(buf, cap, "nothing");
+        return;
+    }
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (!s) {
+        snprintf(buf, cap, "(unprintable)");
+        return;
+    }
+    if (strlen(s) > 48)
+        snprintf(buf, cap, "%.45s...", s);
+    else
+        snprintf(buf, cap, "%s", s);
+    free(s);
+}
+
+static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, cap - n, "[");
+    for (int i = 0; i < ndim && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+/* ------------------------------------------------------------------------- */
+/* Header parsing.                                                           */
+
+typedef struct {
+    const char *name; /* borrowed from the json object until copied */
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    uint64_t begin, end;
+} st_entry;
+
+static int cmp_entry_offset(const void *a, const void *b) {
+    const st_entry *x = a, *y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_entry_name(const void *a, const void *b) {
+    return strcmp(((const st_entry *)a)->name, ((const st_entry *)b)->name);
+}
+
+static int cmp_key_tensor(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const st_tensor *)elem)->name);
+}
+
+/* Validate one header entry into *e. `dlen` is the size of the data region. */
+static int parse_entry(const char *fname, const char *name, json_t *v, uint64_t dlen, st_entry *e,
+                       lilac_err *err) {
+    char found[64];
+    e->name = name;
+    if (!json_is_object(v)) {
+        json_brief(v, found, sizeof found);
+        return lilac_fail(err, "%s: tensor \"%s\": expected an object {dtype, shape, data_offsets}, found %s",
+                          fname, name, found);
+    }
+    json_t *jd = json_object_get(v, "dtype");
+    if (!json_is_string(jd)) {
+        json_brief(jd, found, sizeof found);
+        return lilac_fail(err, "%s: tensor \"%s\": dtype: expected a string, found %s", fname, name, found);
+    }
+    if (dtype_from_name(json_string_value(jd), &e->dtype) != 0) {
+        json_brief(jd, found, sizeof found);
+        return lilac_fail(err,
+                          "%s: tensor \"%s\": dtype: expected one of BOOL,U8,I8,U16,I16,F16,BF16,U32,I32,"
+                          "F32,U64,I64,F64,F8_E4M3,F8_E5M2, found %s",
+                          fname, name, found);
+    }
+    json_t *js = json_object_get(v, "shape");
+    if (!json_is_array(js)) {
+        json_brief(js, found, sizeof found);
+        return lilac_fail(err, "%s: tensor \"%s\": shape: expected an array of non-negative integers, found %s",
+                          fname, name, found);
+    }
+    size_t nd = json_array_size(js);
+    if (nd > ST_MAX_DIMS)
+        return lilac_fail(err, "%s: tensor \"%s\": shape: expected at most %d dimensions, found %zu", fname,
+                          name, ST_MAX_DIMS, nd);
+    e->ndim = (int)nd;
+    /* Element count with overflow guard: a zero dimension makes the count 0
+     * whatever the other dimensions are; otherwise refuse anything whose byte
+     * size would not fit in 64 bits. */
+    bool zero = false, overflow = false;
+    uint64_t count = 1;
+    for (size_t i = 0; i < nd; i++) {
+        json_t *d = json_array_get(js, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 0) {
+            json_brief(d, found, sizeof found);
+            return lilac_fail(err, "%s: tensor \"%s\": shape[%zu]: expected a non-negative integer, found %s",
+                              fname, name, i, found);
+        }
+        uint64_t x = (uint64_t)json_integer_value(d);
+        e->shape[i] = (int64_t)x;
+        if (x == 0)
+            zero = true;
+        else if (count > UINT64_MAX / x)
+            overflow = true;
+        else
+            count *= x;
+    }
+    size_t esz = st_dtype_size(e->dtype);
+    uint64_t need = 0;
+    if (!zero) {
+        if (overflow || count > UINT64_MAX / esz) {
+            char sh[160];
+            shape_str(e->shape, e->ndim, sh, sizeof sh);
+            return lilac_fail(err, "%s: tensor \"%s\": shape %s: byte size overflows 64 bits", fname, name, sh);
+        }
+        need = count * esz;
+    }
+    json_t *jo = json_object_get(v, "data_offsets");
+    if (!json_is_array(jo) || json_array_size(jo) != 2 || !json_is_integer(json_array_get(jo, 0)) ||
+        !json_is_integer(json_array_get(jo, 1)) || json_integer_value(json_array_get(jo, 0)) < 0 ||
+        json_integer_value(json_array_get(jo, 1)) < 0) {
+        json_brief(jo, found, sizeof found);
+        return lilac_fail(err,
+                          "%s: tensor \"%s\": data_offsets: expected [begin,end] non-negative integers, found %s",
+                          fname, name, found);
+    }
+    e->begin = (uint64_t)json_integer_value(json_array_get(jo, 0));
+    e->end = (uint64_t)json_integer_value(json_array_get(jo, 1));
+    if (e->begin > e->end)
+        return lilac_fail(err, "%s: tensor \"%s\": data_offsets [%llu,%llu]: expected begin <= end", fname, name,
+                          (unsigned long long)e->begin, (unsigned long long)e->end);
+    if (e->end > dlen)
+        return lilac_fail(err,
+                          "%s: tensor \"%s\": data_offsets [%llu,%llu] end past the data region "
+                          "(%llu bytes; file truncated?)",
+                          fname, name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                          (unsigned long long)dlen);
+    if (e->end - e->begin != need) {
+        char sh[160];
+        shape_str(e->shape, e->ndim, sh, sizeof sh);
+        return lilac_fail(err, "%s: tensor \"%s\": data_offsets [%llu,%llu] but %s %s needs %llu bytes", fname,
+                          name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                          st_dtype_name(e->dtype), sh, (unsigned long long)need);
+    }
+    return 0;
+}
+
+static const char *shard_label(const st_set *set, int shard, char *buf, size_t cap) {
+    if (shard >= 0 && shard < set->n_shards && set->shards && set->shards[shard].path)
+        return set->shards[shard].path;
+    snprintf(buf, cap, "shard %d", shard);
+    return buf;
+}
+
+int st_parse_buffer(st_set *set, int shard, const void *buf, size_t len, const char *fname,
+                    lilac_err *err) {
+    if (!fname) fname = "(buffer)";
+    if (!set) return lilac_fail(err, "%s: no tensor set given", fname);
+    const unsigned char *p = buf;
+    if (len < 8 || !p)
+        return lilac_fail(err, "%s: file is %zu bytes, too short for the 8-byte header length (truncated?)",
+                          fname, p ? len : (size_t)0);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | p[i];
+    uint64_t avail = (uint64_t)(len - 8);
+    if (hlen > avail)
+        return lilac_fail(err, "%s: header length %llu exceeds the %llu bytes after the length field (truncated?)",
+                          fname, (unsigned long long)hlen, (unsigned long long)avail);
+    if (hlen < 2)
+        return lilac_fail(err, "%s: header length %llu: expected at least 2 bytes of JSON", fname,
+                          (unsigned long long)hlen);
+    const unsigned char *data = p + 8 + hlen;
+    uint64_t dlen = avail - hlen;
+
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)p + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return lilac_fail(err, "%s: header is not valid JSON (line %d, column %d): %s", fname, jerr.line,
+                          jerr.column, jerr.text);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return lilac_fail(err, "%s: header: expected a JSON object, found another JSON value", fname);
+    }
+
+    size_t cap = json_object_size(root);
+    st_entry *ents = xmalloc(sizeof(st_entry) * (cap ? cap : 1));
+    size_t n = 0;
+    const char *key;
+    json_t *val;
+    int rc = 0;
+    json_object_foreach(root, key, val) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        if (parse_entry(fname, key, val, dlen, &ents[n], err) != 0) {
+            rc = -1;
+            break;
+        }
+        n++;
+    }
+
+    /* Overlap check: sort by offset; a non-empty tensor must start at or after
+     * the end of every non-empty tensor before it. Empty tensors overlap nothing. */
+    if (rc == 0 && n > 1) {
+        qsort(ents, n, sizeof *ents, cmp_entry_offset);
+        const st_entry *last = NULL; /* non-empty tensor with the largest end so far */
+        for (size_t i = 0; i < n; i++) {
+            const st_entry *e = &ents[i];
+            if (e->begin == e->end) continue;
+            if (last && e->begin < last->end) {
+                rc = lilac_fail(err, "%s: tensor \"%s\": data_offsets [%llu,%llu] overlap tensor \"%s\" [%llu,%llu]",
+                                fname, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
+                                last->name, (unsigned long long)last->begin, (unsigned long long)last->end);
+                break;
+            }
+            if (!last || e->end > last->end) last = e;
+        }
+    }
+
+    /* Duplicates against what the set already holds (other shards). Names
+     * inside one header are unique (JSON_REJECT_DUPLICATES). */
+    if (rc == 0 && set->n_tensors > 0 && set->tensors) {
+        for (size_t i = 0; i < n; i++) {
+            const st_tensor *t = bsearch(ents[i].name, set->tensors, (size_t)set->n_tensors,
+                                         sizeof(st_tensor), cmp_key_tensor);
+            if (t) {
+                char lb[32];
+                rc = lilac_fail(err, "%s: tensor \"%s\": duplicate name, already present in %s", fname,
+                                ents[i].name, shard_label(set, t->shard, lb, sizeof lb));
+                break;
+            }
+        }
+    }
+
+    if (rc == 0 && n > 0) {
+        qsort(ents, n, sizeof *ents, cmp_entry_name);
+        size_t old = (size_t)set->n_tensors;
+        if (old + n > (size_t)INT32_MAX) {
+            rc = lilac_fail(err, "%s: too many tensors (%zu)", fname, old + n);
+        } else {
+            /* Merge the two sorted runs into a new array. */
+            st_tensor *merged = xmalloc(sizeof(st_tensor) * (old + n));
+            size_t i = 0, j = 0, k = 0;
+            while (i < old || j < n) {
+                if (j == n || (i < old && strcmp(set->tensors[i].name, ents[j].name) < 0)) {
+                    merged[k++] = set->tensors[i++];
+                } else {
+                    const st_entry *e = &ents[j++];
+                    st_tensor *t = &merged[k++];
+                    memset(t, 0, sizeof *t);
+                    t->name = xstrdup(e->name);
+                    t->dtype = e->dtype;
+                    t->ndim = e->ndim;
+                    memcpy(t->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim);
+                    t->data = data + e->begin;
+                    t->nbytes = (size_t)(e->end - e->begin);
+                    t->shard = shard;
+                }
+            }
+            free(set->tensors);
+            set->tensors = merged;
+            set->n_tensors = (int)(old + n);
+        }
+    }
+    free(ents);
+    json_decref(root);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Directory / shards.                                                       */
+
+static char *path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    while (a > 1 && dir[a - 1] == '/') a--;
+    char *s = xmalloc(a + 1 + b + 1);
+    memcpy(s, dir, a);
+    s[a] = '/';
+    memcpy(s + a + 1, name, b + 1);
+    return s;
+}
+
+/* mmap `path`, register it as a new shard and parse its header. */
+static int open_shard(st_set *set, const char *path, lilac_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return lilac_fail(err, "%s: shard file does not exist", path);
+        return lilac_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return lilac_fail(err, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return lilac_fail(err, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)sb.st_size;
+    if (size < 8) {
+        close(fd);
+        return lilac_fail(err, "%s: file is %zu bytes, too short for the 8-byte header length (truncated?)", path,
+                          size);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (map == MAP_FAILED) return lilac_fail(err, "%s: mmap of %zu bytes failed: %s", path, size, strerror(e));
+
+    int idx = set->n_shards;
+    set->shards = xrealloc(set->shards, sizeof(st_shard) * (size_t)(idx + 1));
+    set->shards[idx].path = xstrdup(path);
+    set->shards[idx].map = map;
+    set->shards[idx].size = size;
+    set->n_shards = idx + 1;
+    return st_parse_buffer(set, idx, map, size, path, err);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int open_index(st_set *set, const char *dir, const char *ipath, lilac_err *err) {
+    size_t len = 0;
+    char *text = lilac_read_file(ipath, &len, err);
+    if (!text) return -1;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
+    if (!root)
+        return lilac_fail(err, "%s: not valid JSON (line %d, column %d): %s", ipath, jerr.line, jerr.column,
+                          jerr.text);
+    int rc = 0;
+    const char **shards = NULL; /* distinct shard names, borrowed from `root` */
+    size_t ns = 0;
+    json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+    if (!json_is_object(wm)) {
+        char found[64];
+        json_brief(wm, found, sizeof found);
+        rc = lilac_fail(err, "%s: weight_map: expected an object {tensor: shard file}, found %s", ipath, found);
+        goto done;
+    }
+    if (json_object_size(wm) == 0) {
+        rc = lilac_fail(err, "%s: weight_map: expected at least one tensor, found none", ipath);
+        goto done;
+    }
+    shards = xmalloc(sizeof(char *) * json_object_size(wm));
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        const char *f = json_string_value(val);
+        if (!f || !*f || strchr(f, '/') || strcmp(f, ".") == 0 || strcmp(f, "..") == 0) {
+            char found[64];
+            json_brief(val, found, sizeof found);
+            rc = lilac_fail(err, "%s: weight_map[\"%s\"]: expected a shard file name in %s, found %s", ipath, key,
+                            dir, found);
+            goto done;
+        }
+        shards[ns++] = f;
+    }
+    qsort(shards, ns, sizeof *shards, cmp_str);
+    size_t u = 0;
+    for (size_t i = 0; i < ns; i++)
+        if (u == 0 || strcmp(shards[u - 1], shards[i]) != 0) shards[u++] = shards[i];
+    ns = u;
+
+    for (size_t i = 0; i < ns; i++) {
+        char *sp = path_join(dir, shards[i]);
+        struct stat sb;
+        if (stat(sp, &sb) != 0 && errno == ENOENT) {
+            rc = lilac_fail(err, "%s: weight_map names shard \"%s\" but %s does not exist", ipath, shards[i], sp);
+            free(sp);
+            goto done;
+        }
+        rc = open_shard(set, sp, err);
+        free(sp);
+        if (rc != 0) goto done;
+    }
+
+    /* Every index entry must exist in the shard it names. */
+    json_object_foreach(wm, key, val) {
+        const char *f = json_string_value(val);
+        const st_tensor *t = st_find(set, key);
+        if (!t) {
+            rc = lilac_fail(err, "%s: weight_map puts tensor \"%s\" in %s, but that shard has no such tensor", ipath,
+                            key, f);
+            goto done;
+        }
+        const char *tp = set->shards[t->shard].path;
+        const char *base = strrchr(tp, '/');
+        base = base ? base + 1 : tp;
+        if (strcmp(base, f) != 0) {
+            rc = lilac_fail(err, "%s: weight_map puts tensor \"%s\" in %s, but it is in %s", ipath, key, f, base);
+            goto done;
+        }
+    }
+done:
+    free(shards);
+    json_decref(root);
+    return rc;
+}
+
+static bool has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+static int open_plain_dir(st_set *set, const char *dir, lilac_err *err) {
+    DIR *d = opendir(dir);
+    if (!d) return lilac_fail(err, "%s: cannot open model directory: %s", dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        if (!has_suffix(de->d_name, ".safetensors")) continue;
+        if (n == cap) names = xrealloc(names, sizeof(char *) * (cap = cap ? cap * 2 : 8));
+        names[n++] = xstrdup(de->d_name);
+    }
+    closedir(d);
+    int rc = 0;
+    if (n == 0) {
+        rc = lilac_fail(err, "%s: no *.safetensors files and no model.safetensors.index.json in the directory", dir);
+    } else {
+        qsort(names, n, sizeof *names, cmp_str);
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            char *sp = path_join(dir, names[i]);
+            rc = open_shard(set, sp, err);
+            free(sp);
+        }
+    }
+    for (size_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return rc;
+}
+
+int st_open_dir(st_set *set, const char *dir, lilac_err *err) {
+    if (!set) return lilac_fail(err, "%s: no tensor set given", dir ? dir : "(null)");
+    memset(set, 0, sizeof *set);
+    if (!dir || !*dir) return lilac_fail(err, "model directory: expected a path, found an empty string");
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return lilac_fail(err, "%s: %s", dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode)) return lilac_fail(err, "%s: expected a model directory, found a file", dir);
+    char *ipath = path_join(dir, "model.safetensors.index.json");
+    int rc;
+    if (stat(ipath, &sb) == 0)
+        rc = open_index(set, dir, ipath, err);
+    else
+        rc = open_plain_dir(set, dir, err);
+    free(ipath);
+    if (rc != 0) st_close(set);
+    return rc;
+}
+
+const st_tensor *st_find(const st_set *set, const char *name) {
+    if (!set || !name || !set->tensors || set->n_tensors <= 0) return NULL;
+    return bsearch(name, set->tensors, (size_t)set->n_tensors, sizeof(st_tensor), cmp_key_tensor);
+}
+
+void st_close(st_set *set) {
+    if (!set) return;
+    for (int i = 0; i < set->n_tensors; i++) free(set->tensors[i].name);
+    free(set->tensors);
+    for (int i = 0; i < set->n_shards; i++) {
+        if (set->shards[i].map && set->shards[i].map != MAP_FAILED)
+            munmap(set->shards[i].map, set->shards[i].size);
+        free(set->shards[i].path);
+    }
+    free(set->shards);
+    memset(set, 0, sizeof *set);
+}
