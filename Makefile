@@ -11,9 +11,11 @@ ifeq ($(origin CC),default)
 CC      := gcc
 endif
 OPT     ?= -O2
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -fopenmp -MMD -MP $(EXTRA_CFLAGS)
+WERROR  ?= -Werror
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(EXTRA_CFLAGS)
 LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
 
+COMMA   := ,
 BUILD   ?= build
 LIB_SRC := $(filter-out src/cli/main.c,$(wildcard src/*/*.c src/*/*/*.c))
 CLI_SRC := src/cli/main.c
@@ -28,19 +30,22 @@ endif
 ifneq ($(NVCC),)
 ifneq ($(CU_SRC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVFLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra,-Werror,-fPIC \
+NVFLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra$(if $(WERROR),$(COMMA)-Werror),-fPIC \
            -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 CFLAGS  += -DLILAC_CUDA
-LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
 endif
 endif
 
 LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+# CUDA-vs-CPU tests: built wherever the CUDA backend is (CI compiles them), run on a GPU
+# by tools/device/run.sh.
+CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda)
 
 .PHONY: all test fuzz asan clean deps run
-all: $(BUILD)/lilac $(TEST_BIN)
+all: $(BUILD)/lilac $(TEST_BIN) $(CUDA_TEST_BIN)
 
 $(BUILD)/liblilac.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -50,6 +55,10 @@ $(BUILD)/lilac: $(BUILD)/src/cli/main.o $(BUILD)/liblilac.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/liblilac.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(LDLIBS)
+
+$(BUILD)/cuda-tests/%: tests/cuda/%.c $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(LDLIBS)
 

@@ -10,6 +10,11 @@
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_render(int argc, char **argv);
 
 /* Option parsing: at argv[*i], if the word is `name`, consume its value
  * (--name V or --name=V) into *out and return true. Dies on a missing value. */

@@ -1,0 +1,654 @@
+// cuda_backend.cu — the CUDA backend behind the C interface of backend.h.
+//
+// Weights go to the GPU in their checkpoint form (4-bit/8-bit codes + bf16
+// scales and biases, or bf16), each safetensors tensor uploaded once through
+// pinned staging buffers with overlapped copies. A session owns the device
+// state (KV cache, GDN state and conv windows) and scratch for one prefill
+// chunk. forward() runs the same steps as cpu_forward.c, kernel by kernel; the
+// greedy decode loop replays one CUDA graph per token: the argmax kernel writes
+// the next input id on the device and into a host-mapped ring the host reads
+// one step behind, so the host never waits inside a step.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+#include "../backend.h"
+}
+#include "cuda_kernels.cuh"
+
+#define CK(call)                                                                                        \
+    do {                                                                                                \
+        cudaError_t e_ = (call);                                                                        \
+        if (e_ != cudaSuccess)                                                                          \
+            return lilac_fail(err, "CUDA error %s at %s:%d (%s)", cudaGetErrorName(e_), __FILE__, __LINE__, \
+                              cudaGetErrorString(e_));                                                  \
+    } while (0)
+#define CKL() CK(cudaGetLastError())
+
+static const int CHUNK = 2048;  // prefill tokens per pass: bounds activation memory
+static const int RING = 1024;   // decoded ids visible to the host
+static const int ATT_SPLITS = 32;
+
+extern "C" bool lilac_cuda_available(lilac_err *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        lilac_fail(err, "no CUDA GPU available (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+        cudaGetLastError();
+        return false;
+    }
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return false;
+    if (p.major < 9) {
+        lilac_fail(err, "GPU %s is compute capability %d.%d; lilac's CUDA backend needs Hopper (9.0)", p.name, p.major,
+                   p.minor);
+        return false;
+    }
+    return true;
+}
+
+// ---------------------------------------------------------------- weights on the device
+
+struct dlayer {
+    float *in_norm, *post_norm, *conv, *A_log, *dt_bias, *gdn_norm, *q_norm, *k_norm;
+    dmat in_qkv, in_z, in_b, in_a, out_proj, q_proj, k_proj, v_proj, o_proj;
+    dmat router, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down, sh_expert_gate;
+};
+
+struct dmodel {
+    const lilac_model *m;
+    std::vector<void *> allocs;
+    std::vector<std::pair<const char *, const st_tensor *>> by_addr; // tensors sorted by data address
+    std::vector<void *> dev_of;                                      // per st tensor index: device copy
+    void *pinned[2];
+    cudaEvent_t ev[2];
+    cudaStream_t stream;
+    int flip;
+    size_t uploaded;
+    dmat embed, lm_head;
+    float *final_norm;
+    std::vector<dlayer> layers;
+};
+
+// Copy n bytes host->device through the two pinned staging buffers.
+static const size_t STAGE = 64u << 20;
+static int staged_copy(dmodel *D, void *dst, const void *src, size_t n, lilac_err *err) {
+    for (size_t off = 0; off < n; off += STAGE) {
+        size_t len = std::min(STAGE, n - off);
+        int b = D->flip;
+        D->flip ^= 1;
+        CK(cudaEventSynchronize(D->ev[b]));
+        memcpy(D->pinned[b], (const char *)src + off, len);
+        CK(cudaMemcpyAsync((char *)dst + off, D->pinned[b], len, cudaMemcpyHostToDevice, D->stream));
+        CK(cudaEventRecord(D->ev[b], D->stream));
+    }
+    D->uploaded += n;
+    return 0;
+}
+
+// Device address of host pointer p, which points into some tensor of the
+// checkpoint: that tensor is uploaded (whole, once) on first use.
+static const void *dev_ptr(dmodel *D, const void *p, lilac_err *err, int *rc) {
+    if (!p) return nullptr;
+    const char *c = (const char *)p;
+    auto it = std::upper_bound(D->by_addr.begin(), D->by_addr.end(), c,
+                               [](const char *a, const std::pair<const char *, const st_tensor *> &b) { return a < b.first; });
+    if (it == D->by_addr.begin()) { *rc = lilac_fail(err, "internal: weight pointer outside the checkpoint"); return nullptr; }
+    --it;
+    const st_tensor *t = it->second;
+    if (c >= it->first + t->nbytes) { *rc = lilac_fail(err, "internal: weight pointer outside its tensor"); return nullptr; }
+    const size_t idx = (size_t)(t - D->m->st.tensors);
+    if (!D->dev_of[idx]) {
+        void *d = nullptr;
+        cudaError_t e = cudaMalloc(&d, t->nbytes ? t->nbytes : 1);
+        if (e != cudaSuccess) {
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            *rc = lilac_fail(err, "GPU out of memory loading tensor \"%s\" (%zu bytes; %.1f of %.1f GB free)", t->name,
+                             t->nbytes, fr / 1e9, tot / 1e9);
+            return nullptr;
+        }
+        D->allocs.push_back(d);
+        D->dev_of[idx] = d;
+        if (staged_copy(D, d, t->data, t->nbytes, err) < 0) { *rc = -1; return nullptr; }
+    }
+    return (const char *)D->dev_of[idx] + (c - it->first);
+}
+
+static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err) {
+    int rc = 0;
+    memset(d, 0, sizeof *d);
+    d->type = h->type == MAT_AFFINE ? 0 : 1;
+    d->bits = h->bits;
+    d->group = h->group;
+    d->rows = h->rows;
+    d->cols = h->cols;
+    d->stride = h->expert_rows_stride;
+    d->n_experts = h->n_experts;
+    if (h->cols % 64) return lilac_fail(err, "CUDA backend: matrix with %lld columns (needs a multiple of 64)", (long long)h->cols);
+    d->q = (const uint32_t *)dev_ptr(D, h->q, err, &rc);
+    d->s = (const __nv_bfloat16 *)dev_ptr(D, h->scales, err, &rc);
+    d->b = (const __nv_bfloat16 *)dev_ptr(D, h->biases, err, &rc);
+    d->w = (const __nv_bfloat16 *)dev_ptr(D, h->w, err, &rc);
+    return rc;
+}
+
+static int up_vec(dmodel *D, const float *h, int64_t n, float **d, lilac_err *err) {
+    *d = nullptr;
+    if (!h) return 0;
+    CK(cudaMalloc((void **)d, sizeof(float) * (size_t)n));
+    D->allocs.push_back(*d);
+    CK(cudaMemcpy(*d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
+    return 0;
+}
+
+static void dmodel_free(dmodel *D) {
+    if (!D) return;
+    for (void *p : D->allocs) cudaFree(p);
+    for (int i = 0; i < 2; i++) {
+        if (D->pinned[i]) cudaFreeHost(D->pinned[i]);
+        if (D->ev[i]) cudaEventDestroy(D->ev[i]);
+    }
+    if (D->stream) cudaStreamDestroy(D->stream);
+    delete D;
+}
+
+static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
+    const lilac_config *c = &m->cfg;
+    D->m = m;
+    D->dev_of.assign((size_t)m->st.n_tensors, nullptr);
+    for (int i = 0; i < m->st.n_tensors; i++)
+        D->by_addr.push_back({(const char *)m->st.tensors[i].data, &m->st.tensors[i]});
+    std::sort(D->by_addr.begin(), D->by_addr.end(),
+              [](const std::pair<const char *, const st_tensor *> &a, const std::pair<const char *, const st_tensor *> &b) {
+                  return a.first < b.first;
+              });
+    CK(cudaStreamCreateWithFlags(&D->stream, cudaStreamNonBlocking));
+    for (int i = 0; i < 2; i++) {
+        CK(cudaMallocHost(&D->pinned[i], STAGE));
+        CK(cudaEventCreateWithFlags(&D->ev[i], cudaEventDisableTiming));
+        CK(cudaEventRecord(D->ev[i], D->stream));
+    }
+    double t0 = lilac_now();
+    if (up_mat(D, &m->embed, &D->embed, err) < 0 || up_mat(D, &m->lm_head, &D->lm_head, err) < 0 ||
+        up_vec(D, m->final_norm, c->hidden, &D->final_norm, err) < 0)
+        return -1;
+    D->layers.resize((size_t)c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const lilac_layer *h = &m->layers[l];
+        dlayer *d = &D->layers[(size_t)l];
+        const int64_t H = c->hidden;
+        if (up_vec(D, h->in_norm, H, &d->in_norm, err) < 0 || up_vec(D, h->post_norm, H, &d->post_norm, err) < 0) return -1;
+        if (!h->is_full) {
+            if (up_mat(D, &h->in_qkv, &d->in_qkv, err) < 0 || up_mat(D, &h->in_z, &d->in_z, err) < 0 ||
+                up_mat(D, &h->in_b, &d->in_b, err) < 0 || up_mat(D, &h->in_a, &d->in_a, err) < 0 ||
+                up_mat(D, &h->out_proj, &d->out_proj, err) < 0 ||
+                up_vec(D, h->conv, cfg_conv_dim(c) * c->conv_kernel, &d->conv, err) < 0 ||
+                up_vec(D, h->A_log, c->lin_v_heads, &d->A_log, err) < 0 ||
+                up_vec(D, h->dt_bias, c->lin_v_heads, &d->dt_bias, err) < 0 ||
+                up_vec(D, h->gdn_norm, c->lin_v_dim, &d->gdn_norm, err) < 0)
+                return -1;
+        } else {
+            if (up_mat(D, &h->q_proj, &d->q_proj, err) < 0 || up_mat(D, &h->k_proj, &d->k_proj, err) < 0 ||
+                up_mat(D, &h->v_proj, &d->v_proj, err) < 0 || up_mat(D, &h->o_proj, &d->o_proj, err) < 0 ||
+                up_vec(D, h->q_norm, c->head_dim, &d->q_norm, err) < 0 ||
+                up_vec(D, h->k_norm, c->head_dim, &d->k_norm, err) < 0)
+                return -1;
+        }
+        if (up_mat(D, &h->router, &d->router, err) < 0 || up_mat(D, &h->exp_gate, &d->exp_gate, err) < 0 ||
+            up_mat(D, &h->exp_up, &d->exp_up, err) < 0 || up_mat(D, &h->exp_down, &d->exp_down, err) < 0 ||
+            up_mat(D, &h->sh_gate, &d->sh_gate, err) < 0 || up_mat(D, &h->sh_up, &d->sh_up, err) < 0 ||
+            up_mat(D, &h->sh_down, &d->sh_down, err) < 0 || up_mat(D, &h->sh_expert_gate, &d->sh_expert_gate, err) < 0)
+            return -1;
+    }
+    CK(cudaStreamSynchronize(D->stream));
+    double t1 = lilac_now();
+    if (getenv("LILAC_VERBOSE") || D->uploaded > (1u << 30))
+        fprintf(stderr, "lilac: uploaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", D->uploaded / 1e9,
+                t1 - t0, D->uploaded / 1e9 / (t1 - t0));
+    return 0;
+}
+
+// ---------------------------------------------------------------- session
+
+struct lilac_session {
+    const lilac_model *m;
+    dmodel *D;
+    int64_t pos, max_seq;
+    cudaStream_t st;
+    // state
+    std::vector<float *> conv_state, ssm, kc, vc;
+    // scratch (CHUNK rows)
+    float *x, *xn, *r, *qkv, *conv_out, *z, *bb, *ba, *beta, *decay, *o;
+    float *qg, *kx, *vx, *att, *part;
+    float *rlog, *topw, *gu, *ye, *shgu, *shy, *sg;
+    int *topi, *counts, *offs, *cursor, *sorted;
+    float *logits; int64_t logits_rows;
+    // decode
+    int *d_ids, *d_pos, *d_step;
+    int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
+    int *ring;       // host-mapped
+    int *ring_dev;
+    cudaGraphExec_t graph;
+    cudaEvent_t step_ev[2];
+    std::vector<void *> allocs;
+};
+
+template <typename T>
+static int dalloc(lilac_session *s, T **p, size_t n, lilac_err *err) {
+    CK(cudaMalloc((void **)p, sizeof(T) * (n ? n : 1)));
+    s->allocs.push_back(*p);
+    CK(cudaMemset(*p, 0, sizeof(T) * (n ? n : 1)));
+    return 0;
+}
+
+static void cuda_session_free(lilac_session *s) {
+    if (!s) return;
+    if (s->graph) cudaGraphExecDestroy(s->graph);
+    for (void *p : s->allocs) cudaFree(p);
+    if (s->h_pinned) cudaFreeHost(s->h_pinned);
+    if (s->ring) cudaFreeHost(s->ring);
+    for (int i = 0; i < 2; i++)
+        if (s->step_ev[i]) cudaEventDestroy(s->step_ev[i]);
+    if (s->st) cudaStreamDestroy(s->st);
+    dmodel_free(s->D);
+    delete s;
+}
+
+static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err) {
+    (void)threads;
+    const lilac_config *c = &m->cfg;
+    if (!lilac_cuda_available(err)) return nullptr;
+    if (max_seq <= 0 || max_seq > c->max_pos) max_seq = c->max_pos;
+    if (c->lin_k_dim != 32 && c->lin_k_dim != 64 && c->lin_k_dim != 128 && c->lin_k_dim != 256) {
+        lilac_fail(err, "CUDA backend: linear_key_head_dim %d unsupported (32, 64, 128, 256)", c->lin_k_dim);
+        return nullptr;
+    }
+    if (c->lin_v_dim % 32 || (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256) || c->conv_kernel > 16) {
+        lilac_fail(err, "CUDA backend: unsupported geometry (linear_value_head_dim %% 32, head_dim 64/128/256, conv <= 16)");
+        return nullptr;
+    }
+    lilac_session *s = new lilac_session();
+    s->m = m;
+    s->max_seq = max_seq;
+    s->D = new dmodel(); // value-initialised: every pointer and handle starts null
+    if (dmodel_upload(s->D, m, err) < 0) { cuda_session_free(s); return nullptr; }
+    const int64_t H = c->hidden, C = CHUNK, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), K = c->top_k;
+    const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
+    bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess;
+    s->conv_state.assign((size_t)c->n_layers, nullptr);
+    s->ssm.assign((size_t)c->n_layers, nullptr);
+    s->kc.assign((size_t)c->n_layers, nullptr);
+    s->vc.assign((size_t)c->n_layers, nullptr);
+    for (int l = 0; ok && l < c->n_layers; l++) {
+        if (c->is_full[l])
+            ok = dalloc(s, &s->kc[(size_t)l], (size_t)(max_seq * kvw), err) == 0 &&
+                 dalloc(s, &s->vc[(size_t)l], (size_t)(max_seq * kvw), err) == 0;
+        else
+            ok = dalloc(s, &s->conv_state[(size_t)l], (size_t)((c->conv_kernel - 1) * CD), err) == 0 &&
+                 dalloc(s, &s->ssm[(size_t)l], (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, err) == 0;
+    }
+    ok = ok && dalloc(s, &s->x, C * H, err) == 0 && dalloc(s, &s->xn, C * H, err) == 0 &&
+         dalloc(s, &s->r, C * H, err) == 0 && dalloc(s, &s->qkv, C * CD, err) == 0 &&
+         dalloc(s, &s->conv_out, C * CD, err) == 0 && dalloc(s, &s->z, C * VD, err) == 0 &&
+         dalloc(s, &s->bb, C * c->lin_v_heads, err) == 0 && dalloc(s, &s->ba, C * c->lin_v_heads, err) == 0 &&
+         dalloc(s, &s->beta, C * c->lin_v_heads, err) == 0 && dalloc(s, &s->decay, C * c->lin_v_heads, err) == 0 &&
+         dalloc(s, &s->o, C * VD, err) == 0 && dalloc(s, &s->qg, C * 2 * c->n_heads * c->head_dim, err) == 0 &&
+         dalloc(s, &s->kx, C * kvw, err) == 0 && dalloc(s, &s->vx, C * kvw, err) == 0 &&
+         dalloc(s, &s->att, C * c->n_heads * c->head_dim, err) == 0 &&
+         dalloc(s, &s->part, (size_t)c->n_heads * ATT_SPLITS * (c->head_dim + 2), err) == 0 &&
+         dalloc(s, &s->rlog, C * c->n_experts, err) == 0 && dalloc(s, &s->topw, C * K, err) == 0 &&
+         dalloc(s, &s->topi, C * K, err) == 0 && dalloc(s, &s->gu, C * K * 2 * c->moe_inter, err) == 0 &&
+         dalloc(s, &s->ye, C * K * H, err) == 0 && dalloc(s, &s->shgu, C * 2 * c->shared_inter, err) == 0 &&
+         dalloc(s, &s->shy, C * H, err) == 0 && dalloc(s, &s->sg, C, err) == 0 &&
+         dalloc(s, &s->counts, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->offs, (size_t)c->n_experts + 1, err) == 0 &&
+         dalloc(s, &s->cursor, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->sorted, C * K, err) == 0 &&
+         dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
+         dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0;
+    s->logits_rows = 1;
+    ok = ok && cudaMallocHost((void **)&s->h_pinned, sizeof(int) * (C + 1)) == cudaSuccess &&
+         cudaHostAlloc((void **)&s->ring, sizeof(int) * RING, cudaHostAllocMapped) == cudaSuccess &&
+         cudaHostGetDevicePointer((void **)&s->ring_dev, s->ring, 0) == cudaSuccess &&
+         cudaEventCreateWithFlags(&s->step_ev[0], cudaEventDisableTiming) == cudaSuccess &&
+         cudaEventCreateWithFlags(&s->step_ev[1], cudaEventDisableTiming) == cudaSuccess;
+    if (!ok) {
+        if (!err || !err->msg[0]) lilac_fail(err, "CUDA backend: could not allocate the session (%s)", cudaGetErrorString(cudaGetLastError()));
+        cuda_session_free(s);
+        return nullptr;
+    }
+    return s;
+}
+
+static void cuda_session_reset(lilac_session *s) {
+    const lilac_config *c = &s->m->cfg;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (s->conv_state[(size_t)l])
+            cudaMemsetAsync(s->conv_state[(size_t)l], 0, sizeof(float) * (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c)), s->st);
+        if (s->ssm[(size_t)l])
+            cudaMemsetAsync(s->ssm[(size_t)l], 0, sizeof(float) * (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, s->st);
+    }
+    cudaStreamSynchronize(s->st);
+    s->pos = 0;
+}
+
+static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
+
+// ---------------------------------------------------------------- the forward pass
+
+// y = W x for T tokens: GEMV for few tokens, tensor-core GEMM otherwise.
+static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
+                  int xm, int64_t xoff, lilac_err *err) {
+    if (T <= GEMV_MAX_T) {
+        gemv_job j;
+        memset(&j, 0, sizeof j);
+        j.W[0] = W; j.y[0] = y; j.ldy[0] = ldy; j.n = 1;
+        j.start[0] = 0; j.start[1] = (int)((W.rows + 7) / 8);
+        if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<j.start[1], 256, 0, s->st>>>(j, x, ldx, xoff, T, nullptr, 1);
+        else k_gemv<XM_PLAIN><<<j.start[1], 256, 0, s->st>>>(j, x, ldx, xoff, T, nullptr, 1);
+    } else {
+        dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
+        if (xm == XM_SWIGLU) k_gemm_tc<XM_SWIGLU><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+        else k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+    }
+    CKL();
+    return 0;
+}
+
+// Several matrices over the same input in one GEMV launch (decode), or one GEMM each.
+static int matmul_multi(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, const float *x,
+                        int64_t ldx, int T, lilac_err *err) {
+    if (T > GEMV_MAX_T) {
+        for (int i = 0; i < n; i++)
+            if (matmul(s, W[i], x, ldx, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
+        return 0;
+    }
+    gemv_job j;
+    memset(&j, 0, sizeof j);
+    j.n = n;
+    for (int i = 0; i < n; i++) {
+        j.W[i] = W[i]; j.y[i] = y[i]; j.ldy[i] = ldy[i];
+        j.start[i + 1] = j.start[i] + (int)((W[i].rows + 7) / 8);
+    }
+    k_gemv<XM_PLAIN><<<j.start[n], 256, 0, s->st>>>(j, x, ldx, 0, T, nullptr, 1);
+    CKL();
+    return 0;
+}
+
+static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t H = c->hidden, CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
+    const int Hv = c->lin_v_heads;
+    const dmat W[4] = {d.in_qkv, d.in_z, d.in_b, d.in_a};
+    float *const Y[4] = {s->qkv, s->z, s->bb, s->ba};
+    const int64_t LD[4] = {CD, VD, Hv, Hv};
+    if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    k_conv<<<(unsigned)((CD + 127) / 128), 128, 0, s->st>>>(s->qkv, s->conv_state[(size_t)l], d.conv, s->conv_out, T, CD,
+                                                            c->conv_kernel);
+    CKL();
+    k_gdn_prep<<<T, 256, 0, s->st>>>(s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
+                                     d.A_log, d.dt_bias, Hv, s->beta, s->decay);
+    CKL();
+    dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
+#define RECUR(DK) k_gdn_recur<DK><<<g, 32, 0, s->st>>>(s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
+                                                      s->decay, s->ssm[(size_t)l], s->o, T)
+    switch (c->lin_k_dim) {
+    case 32: RECUR(32); break;
+    case 64: RECUR(64); break;
+    case 128: RECUR(128); break;
+    default: RECUR(256); break;
+    }
+#undef RECUR
+    CKL();
+    k_gated_norm<<<dim3((unsigned)T, (unsigned)Hv), 32, 0, s->st>>>(s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
+    CKL();
+    return matmul(s, d.out_proj, s->o, VD, s->r, H, T, XM_PLAIN, 0, err);
+}
+
+static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
+    const int64_t H = c->hidden, kvw = (int64_t)nkv * hd;
+    const dmat W[3] = {d.q_proj, d.k_proj, d.v_proj};
+    float *const Y[3] = {s->qg, s->kx, s->vx};
+    const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
+    if (matmul_multi(s, 3, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    k_attn_prep<<<T, 256, 8 * hd * sizeof(float), s->st>>>(s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l],
+                                                           s->vc[(size_t)l], s->d_pos, nh, nkv, hd, c->rotary_dim,
+                                                           c->rope_theta, c->rms_eps);
+    CKL();
+    const int S = T == 1 ? ATT_SPLITS : 1;
+    dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
+#define ATT(DPL) k_attn<DPL><<<g, 128, 0, s->st>>>(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, s->att, s->part)
+    switch (hd) {
+    case 64: ATT(2); break;
+    case 128: ATT(4); break;
+    default: ATT(8); break;
+    }
+#undef ATT
+    CKL();
+    if (S > 1) {
+        k_attn_combine<<<dim3((unsigned)nh, (unsigned)T), 256, 0, s->st>>>(s->qg, s->part, S, nh, hd, s->att);
+        CKL();
+    }
+    return matmul(s, d.o_proj, s->att, (int64_t)nh * hd, s->r, H, T, XM_PLAIN, 0, err);
+}
+
+static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
+    const int E = c->n_experts, K = c->top_k, slots = T * K;
+    // Router logits, shared expert gate/up and its scalar gate: all read xn.
+    const dmat W[4] = {d.router, d.sh_gate, d.sh_up, d.sh_expert_gate};
+    float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
+    const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
+    if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    const bool grouped = slots > 64;
+    k_topk<<<T, 256, sizeof(float) * (size_t)E, s->st>>>(s->rlog, E, K, c->norm_topk, s->topi, s->topw,
+                                                         grouped ? s->counts : nullptr);
+    CKL();
+    if (!grouped) {
+        // Decode: gather-GEMV over the routed slots, expert ids read on the device.
+        gemv_job j;
+        memset(&j, 0, sizeof j);
+        j.n = 2;
+        j.W[0] = d.exp_gate; j.y[0] = s->gu; j.ldy[0] = 2 * I;
+        j.W[1] = d.exp_up; j.y[1] = s->gu + I; j.ldy[1] = 2 * I;
+        j.start[1] = (int)((I + 7) / 8); j.start[2] = 2 * j.start[1];
+        k_gemv<XM_PLAIN><<<dim3((unsigned)j.start[2], (unsigned)slots), 256, 0, s->st>>>(j, s->xn, H, 0, 1, s->topi, K);
+        CKL();
+        gemv_job jd;
+        memset(&jd, 0, sizeof jd);
+        jd.n = 1;
+        jd.W[0] = d.exp_down; jd.y[0] = s->ye; jd.ldy[0] = H;
+        jd.start[1] = (int)((H + 7) / 8);
+        k_gemv<XM_SWIGLU><<<dim3((unsigned)jd.start[1], (unsigned)slots), 256, 0, s->st>>>(jd, s->gu, 2 * I, I, 1, s->topi, 1);
+        CKL();
+    } else {
+        // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
+        k_moe_scan<<<1, 32, 0, s->st>>>(s->counts, E, s->offs, s->cursor);
+        CKL();
+        k_moe_scatter<<<(slots + 255) / 256, 256, 0, s->st>>>(s->topi, slots, s->offs, s->cursor, s->sorted);
+        CKL();
+        dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
+        k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);
+        CKL();
+        k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(d.exp_up, s->xn, H, 0, s->gu + I, 2 * I, T, s->offs, s->sorted, K);
+        CKL();
+        dim3 gd((unsigned)((H + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
+        k_gemm_tc<XM_SWIGLU><<<gd, 128, 0, s->st>>>(d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
+        CKL();
+    }
+    if (matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
+    k_moe_combine<<<T, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H);
+    CKL();
+    return 0;
+}
+
+// The layers for T tokens whose ids are in d_ids and whose first position is *d_pos.
+static int run_layers(lilac_session *s, int T, lilac_err *err) {
+    const lilac_model *m = s->m;
+    const lilac_config *c = &m->cfg;
+    const int64_t H = c->hidden;
+    dmodel *D = s->D;
+    k_embed<<<T, 256, 0, s->st>>>(D->embed, s->d_ids, s->x);
+    CKL();
+    for (int l = 0; l < c->n_layers; l++) {
+        const dlayer &d = D->layers[(size_t)l];
+        k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
+        CKL();
+        if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
+        k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
+        CKL();
+        if (moe_layer(s, d, T, err) < 0) return -1;
+    }
+    return 0;
+}
+
+// Final norm + lm_head for rows [row0, row0+n) of x into s->logits.
+static int head(lilac_session *s, int row0, int n, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    k_add_rmsnorm<<<n, 256, 0, s->st>>>(s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
+    CKL();
+    return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits, c->vocab, n, XM_PLAIN, 0, err);
+}
+
+static int ensure_logits_rows(lilac_session *s, int64_t rows, lilac_err *err) {
+    if (rows <= s->logits_rows) return 0;
+    float *p;
+    CK(cudaMalloc((void **)&p, sizeof(float) * (size_t)rows * (size_t)s->m->cfg.vocab));
+    s->allocs.push_back(p);
+    s->logits = p;
+    s->logits_rows = rows;
+    return 0;
+}
+
+static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits_mode mode, float *logits, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    if (n <= 0) return lilac_fail(err, "forward: no tokens");
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return lilac_fail(err, "token id %d at index %d is outside the vocabulary [0, %lld)", ids[i], i, (long long)c->vocab);
+    if (s->pos + n > s->max_seq)
+        return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
+                          (long long)s->max_seq);
+    for (int done = 0; done < n;) {
+        const int T = std::min(n - done, CHUNK);
+        const bool last = done + T == n;
+        s->h_pinned[0] = (int)(s->pos + done);
+        memcpy(s->h_pinned + 1, ids + done, sizeof(int) * (size_t)T);
+        CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
+        CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int) * (size_t)T, cudaMemcpyHostToDevice, s->st));
+        if (run_layers(s, T, err) < 0) return -1;
+        if (mode == LOGITS_ALL) {
+            if (ensure_logits_rows(s, T, err) < 0 || head(s, 0, T, err) < 0) return -1;
+            CK(cudaMemcpyAsync(logits + (int64_t)done * c->vocab, s->logits, sizeof(float) * (size_t)T * (size_t)c->vocab,
+                               cudaMemcpyDeviceToHost, s->st));
+        } else if (mode == LOGITS_LAST && last) {
+            if (head(s, T - 1, 1, err) < 0) return -1;
+            CK(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
+        }
+        // The host staging buffer is reused by the next chunk: wait here.
+        CK(cudaStreamSynchronize(s->st));
+        done += T;
+    }
+    s->pos += n;
+    return 0;
+}
+
+// One decode step, captured once as a graph: input id d_ids[0] at *d_pos; the
+// argmax becomes the next input, lands in the ring, and *d_pos advances.
+static int capture_step(lilac_session *s, lilac_err *err) {
+    cudaGraph_t g;
+    CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+    int rc = run_layers(s, 1, err);
+    if (rc == 0) rc = head(s, 0, 1, err);
+    if (rc == 0) {
+        k_argmax<<<1, 1024, 0, s->st>>>(s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
+        if (cudaGetLastError() != cudaSuccess) rc = lilac_fail(err, "CUDA: argmax launch failed");
+    }
+    cudaError_t e = cudaStreamEndCapture(s->st, &g);
+    if (rc < 0) return -1;
+    CK(e);
+    CK(cudaGraphInstantiate(&s->graph, g, 0));
+    CK(cudaGraphDestroy(g));
+    return 0;
+}
+
+static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool (*on_token)(void *, int32_t), void *ud,
+                              lilac_err *err) {
+    if (max_new <= 0) return 0;
+    if (first < 0 || first >= s->m->cfg.vocab) return lilac_fail(err, "token id %d outside the vocabulary", first);
+    if (s->pos + max_new + 1 > s->max_seq)
+        return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, max_new + 1,
+                          (long long)s->max_seq);
+    if (!s->graph && capture_step(s, err) < 0) return -1;
+    s->h_pinned[0] = (int)s->pos;
+    s->h_pinned[1] = first;
+    s->h_pinned[2] = 0;
+    CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
+    CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
+    CK(cudaMemcpyAsync(s->d_step, s->h_pinned + 2, sizeof(int), cudaMemcpyHostToDevice, s->st));
+    CK(cudaGraphLaunch(s->graph, s->st));
+    CK(cudaEventRecord(s->step_ev[0], s->st));
+    int produced = 0;
+    for (int i = 0;; i++) {
+        // Step i+1 (which consumes token i) is queued before token i is read:
+        // the GPU never idles waiting for the host.
+        CK(cudaGraphLaunch(s->graph, s->st));
+        CK(cudaEventRecord(s->step_ev[(i + 1) & 1], s->st));
+        CK(cudaEventSynchronize(s->step_ev[i & 1]));
+        const int tok = ((volatile int *)s->ring)[i % RING];
+        produced++;
+        const bool more = on_token(ud, tok);
+        if (!more || produced == max_new) break;
+    }
+    CK(cudaStreamSynchronize(s->st));
+    s->pos += produced + 1;
+    return produced;
+}
+
+extern "C" const lilac_backend lilac_backend_cuda = {
+    "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
+};
+
+// ---------------------------------------------------------------- measurements for bench
+
+// Device-to-device copy bandwidth (bytes read + written per second), 2 GB buffers.
+extern "C" double lilac_cuda_copy_bandwidth(void) {
+    const size_t n = 1ull << 30;
+    void *a = nullptr, *b = nullptr;
+    cudaEvent_t e0, e1;
+    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess) {
+        cudaFree(a);
+        cudaGetLastError();
+        return 0;
+    }
+    cudaMemset(a, 1, n);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        cudaEventRecord(e0);
+        cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0 && ms < best) best = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return cudaGetLastError() == cudaSuccess ? 2.0 * n / (best / 1e3) : 0;
+}
+
+extern "C" double lilac_cuda_mem_used(void) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return 0;
+    return (double)(tot - fr);
+}

@@ -1,0 +1,64 @@
+// cuda_common.cuh — shared by the CUDA kernels and the host side: the device
+// matrix view, warp/block reductions, error checks.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// A weight matrix on the device, in its checkpoint form (see weights.h):
+// MLX affine (packed u32 codes + bf16 scales/biases per group) or plain bf16.
+// Stacked experts: expert e starts `stride` rows after expert e-1.
+struct dmat {
+    int type;  // 0 affine, 1 bf16 (lilac_mat_type)
+    int bits, group;
+    int64_t rows, cols, stride;
+    int n_experts;
+    const uint32_t *q;
+    const __nv_bfloat16 *s, *b, *w;
+};
+
+__host__ __device__ inline dmat dmat_expert(dmat m, int e) {
+    int64_t r0 = (int64_t)e * m.stride;
+    if (m.type == 0) {
+        m.q += r0 * (m.cols * m.bits / 32);
+        m.s += r0 * (m.cols / m.group);
+        m.b += r0 * (m.cols / m.group);
+    } else {
+        m.w += r0 * m.cols;
+    }
+    m.n_experts = 1;
+    return m;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum; `sh` holds >= 32 floats. All threads get the result.
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(v);
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }

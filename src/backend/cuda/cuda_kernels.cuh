@@ -1,0 +1,608 @@
+// cuda_kernels.cuh — every kernel of the CUDA forward pass. Each mirrors a step of
+// src/backend/cpu/cpu_forward.c (the reference it is tested against); f32
+// activations, weights read in their packed checkpoint form.
+#pragma once
+#include <mma.h>
+
+#include "cuda_common.cuh"
+
+// ---------------------------------------------------------------- embedding / norms
+
+// x[t] = dequantised row ids[t] of the embedding.
+__global__ void k_embed(dmat E, const int *ids, float *x) {
+    const int t = blockIdx.x;
+    const int64_t row = ids[t], H = E.cols;
+    float *xo = x + (int64_t)t * H;
+    if (E.type == 1) {
+        for (int64_t c = threadIdx.x; c < H; c += blockDim.x) xo[c] = __bfloat162float(E.w[row * H + c]);
+        return;
+    }
+    const int per_word = 32 / E.bits;
+    const uint32_t mask = (1u << E.bits) - 1u;
+    const int64_t wpr = H / per_word, ng = H / E.group;
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
+        uint32_t w = E.q[row * wpr + c / per_word];
+        float q = (float)((w >> ((c % per_word) * E.bits)) & mask);
+        int64_t g = row * ng + c / E.group;
+        xo[c] = __bfloat162float(E.s[g]) * q + __bfloat162float(E.b[g]);
+    }
+}
+
+// Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
+// Row t of x is row t of y; rows [row0, row0 + gridDim.x).
+__global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0) {
+    __shared__ float sh[32];
+    const int64_t t = row0 + blockIdx.x;
+    float *xr = x + t * H;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = xr[i];
+        if (r) xr[i] = v = v + r[t * H + i];
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float inv = rsqrtf(ss / (float)H + eps);
+    float *yr = y + (int64_t)blockIdx.x * H;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * gain[i];
+}
+
+// ---------------------------------------------------------------- matrix-vector (decode)
+
+enum { XM_PLAIN = 0, XM_SWIGLU = 1 };
+
+#define GEMV_MAX_T 8
+#define GEMV_MATS 4
+
+// Up to GEMV_MATS matrices that read the same input, in one launch: blocks
+// [start[i], start[i+1]) compute matrix i. Output row r of token t goes to
+// y[i][t*ldy[i] + r].
+struct gemv_job {
+    dmat W[GEMV_MATS];
+    float *y[GEMV_MATS];
+    int64_t ldy[GEMV_MATS];
+    int start[GEMV_MATS + 1];
+    int n;
+};
+
+// Input element c of token t: plain x[t*ldx + c], or silu(x[..c]) * x[..xoff + c].
+template <int XM>
+__device__ __forceinline__ float xin(const float *xt, int64_t xoff, int64_t c) {
+    if (XM == XM_PLAIN) return __ldg(xt + c);
+    float g = __ldg(xt + c);
+    return g / (1.0f + expf(-g)) * __ldg(xt + xoff + c);
+}
+
+// One warp per output row, 8 rows per block. Plain mode: T tokens (<= GEMV_MAX_T)
+// share each weight read. Expert mode (topi != null): blockIdx.y is a routing slot
+// (token t = slot / x_div, expert topi[slot]); the output row is the slot.
+template <int XM>
+__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff, int T,
+                                              const int *topi, int x_div) {
+    int mi = 0;
+    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
+    dmat W = job.W[mi];
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)(blockIdx.x - job.start[mi]) * 8 + (threadIdx.x >> 5);
+    if (r >= W.rows) return;
+    int64_t yrow0 = 0;
+    if (topi) {
+        const int slot = blockIdx.y;
+        W = dmat_expert(W, topi[slot]);
+        x += (int64_t)(slot / x_div) * ldx;
+        yrow0 = slot;
+        T = 1;
+    }
+    float acc[GEMV_MAX_T];
+#pragma unroll
+    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
+    const int64_t cols = W.cols;
+    if (W.type == 1) {
+        const __nv_bfloat16 *wr = W.w + r * cols;
+        for (int64_t c8 = lane * 8; c8 < cols; c8 += 32 * 8) {
+            uint4 raw = *(const uint4 *)(wr + c8);
+            const __nv_bfloat16 *wv = (const __nv_bfloat16 *)&raw;
+            float wf[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) wf[j] = __bfloat162float(wv[j]);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (int64_t)t * ldx;
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) a += wf[j] * xin<XM>(xt, xoff, c8 + j);
+                acc[t] += a;
+            }
+        }
+    } else {
+        const int bits = W.bits, per_word = 32 / bits;
+        const uint32_t mask = (1u << bits) - 1u;
+        const int64_t wpr = cols / per_word, ng = cols / W.group;
+        const uint32_t *qr = W.q + r * wpr;
+        const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
+        for (int64_t w4 = lane; w4 * 4 < wpr; w4 += 32) {
+            uint4 raw = *(const uint4 *)(qr + w4 * 4);
+            const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+            const int64_t c0 = w4 * 4 * per_word; // 4 words never cross a group (group >= 32 >= 4*per_word/..)
+            const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + (int64_t)t * ldx;
+                float a = 0.0f;
+#pragma unroll
+                for (int wi = 0; wi < 4; wi++)
+                    for (int j = 0; j < per_word; j++) {
+                        const int64_t c = c0 + wi * per_word + j;
+                        a += (s * (float)((words[wi] >> (j * bits)) & mask) + b) * xin<XM>(xt, xoff, c);
+                    }
+                acc[t] += a;
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        float v = warp_sum(acc[t]);
+        if (lane == 0) job.y[mi][(yrow0 + t) * job.ldy[mi] + r] = v;
+    }
+}
+
+// ---------------------------------------------------------------- matrix-matrix (prefill), tensor cores
+
+// y[row(n)][m] = sum_k W[m][k] X(n, k): 64 weight rows x 64 tokens per block,
+// weights dequantised to bf16 in shared memory, bf16 WMMA with f32 accumulation.
+// Grouped mode (offs != null): blockIdx.z is the expert; its tokens are the
+// routing slots sorted[offs[e] .. offs[e+1]); the input row is slot / x_div and
+// the output row is the slot. Plain mode: token n is row n of x and y.
+#define TC_BM 64
+#define TC_BN 64
+#define TC_BK 64
+template <int XM>
+__global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t ldx, int64_t xoff, float *y,
+                                                 int64_t ldy, int T, const int *offs, const int *sorted, int x_div) {
+    using namespace nvcuda;
+    int count = T, base = 0;
+    if (offs) {
+        base = offs[blockIdx.z];
+        count = offs[blockIdx.z + 1] - base;
+        W = dmat_expert(W, blockIdx.z);
+    }
+    const int n0 = blockIdx.y * TC_BN;
+    const int64_t m0 = (int64_t)blockIdx.x * TC_BM;
+    if (n0 >= count || m0 >= W.rows) return;
+
+    __shared__ __align__(32) __nv_bfloat16 Ws[TC_BM][TC_BK + 8];
+    __shared__ __align__(32) __nv_bfloat16 Xs[TC_BN][TC_BK + 8];
+    __shared__ __align__(32) float Cs[TC_BM][TC_BN + 4];
+    __shared__ int64_t xrow[TC_BN], yrow[TC_BN];
+    const int tid = threadIdx.x, warp = tid >> 5;
+    if (tid < TC_BN) {
+        const int n = n0 + tid;
+        if (n < count) {
+            const int slot = offs ? sorted[base + n] : n;
+            xrow[tid] = offs ? slot / x_div : n;
+            yrow[tid] = slot;
+        } else {
+            xrow[tid] = -1;
+            yrow[tid] = -1;
+        }
+    }
+    __syncthreads();
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const int64_t cols = W.cols;
+
+    for (int64_t k0 = 0; k0 < cols; k0 += TC_BK) {
+        if (W.type == 1) {
+            for (int idx = tid; idx < TC_BM * TC_BK / 8; idx += 128) {
+                const int row = idx / (TC_BK / 8), c8 = (idx % (TC_BK / 8)) * 8;
+                uint4 raw = make_uint4(0, 0, 0, 0);
+                if (m0 + row < W.rows) raw = *(const uint4 *)(W.w + (m0 + row) * cols + k0 + c8);
+                *(uint4 *)&Ws[row][c8] = raw;
+            }
+        } else {
+            const int bits = W.bits, per_word = 32 / bits, wpt = TC_BK / per_word;
+            const uint32_t mask = (1u << bits) - 1u;
+            const int64_t wpr = cols / per_word, ng = cols / W.group;
+            for (int idx = tid; idx < TC_BM * wpt; idx += 128) {
+                const int row = idx / wpt, wi = idx % wpt, c = wi * per_word;
+                const int64_t gr = m0 + row;
+                if (gr < W.rows) {
+                    const uint32_t word = W.q[gr * wpr + k0 / per_word + wi];
+                    const int64_t g = gr * ng + (k0 + c) / W.group;
+                    const float s = __bfloat162float(W.s[g]), b = __bfloat162float(W.b[g]);
+                    for (int j = 0; j < per_word; j++)
+                        Ws[row][c + j] = __float2bfloat16(s * (float)((word >> (j * bits)) & mask) + b);
+                } else {
+                    for (int j = 0; j < per_word; j++) Ws[row][c + j] = __float2bfloat16(0.0f);
+                }
+            }
+        }
+        for (int idx = tid; idx < TC_BN * TC_BK / 4; idx += 128) {
+            const int n = idx / (TC_BK / 4), c4 = (idx % (TC_BK / 4)) * 4;
+            float v[4] = {0, 0, 0, 0};
+            if (xrow[n] >= 0) {
+                const float *xr = x + xrow[n] * ldx + k0 + c4;
+                float4 a = *(const float4 *)xr;
+                v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+                if (XM == XM_SWIGLU) {
+                    float4 u = *(const float4 *)(xr + xoff);
+                    v[0] = v[0] / (1.0f + expf(-v[0])) * u.x;
+                    v[1] = v[1] / (1.0f + expf(-v[1])) * u.y;
+                    v[2] = v[2] / (1.0f + expf(-v[2])) * u.z;
+                    v[3] = v[3] / (1.0f + expf(-v[3])) * u.w;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) Xs[n][c4 + j] = __float2bfloat16(v[j]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < TC_BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &Ws[wm + i * 16][kk], TC_BK + 8);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Xs[wn + j * 16][kk], TC_BK + 8);
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::store_matrix_sync(&Cs[wm + i * 16][wn + j * 16], acc[i][j], TC_BN + 4, wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < TC_BM * TC_BN; idx += 128) {
+        const int n = idx / TC_BM, m = idx % TC_BM;
+        if (yrow[n] >= 0 && m0 + m < W.rows) y[yrow[n] * ldy + m0 + m] = Cs[m][n];
+    }
+}
+
+// ---------------------------------------------------------------- Gated DeltaNet
+
+// Causal depthwise conv over [state | qkv] then SiLU; the state keeps the last
+// K-1 raw inputs. One thread per channel.
+__global__ void k_conv(const float *qkv, float *state, const float *w, float *out, int T, int64_t CD, int K) {
+    const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= CD) return;
+    float win[16];
+    for (int k = 0; k < K - 1; k++) win[k] = state[k * CD + ch];
+    const float *wc = w + ch * K;
+    for (int t = 0; t < T; t++) {
+        win[K - 1] = qkv[(int64_t)t * CD + ch];
+        float acc = 0.0f;
+        for (int k = 0; k < K; k++) acc += wc[k] * win[k];
+        out[(int64_t)t * CD + ch] = acc / (1.0f + expf(-acc));
+        for (int k = 0; k < K - 1; k++) win[k] = win[k + 1];
+    }
+    for (int k = 0; k < K - 1; k++) state[k * CD + ch] = win[k];
+}
+
+// Per token: L2-normalise the q and k heads in place (q also scaled by
+// 1/sqrt(dk)), and the gates beta = sigmoid(b), decay = exp(-exp(A_log) softplus(a + dt_bias)).
+__global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, int dk, const float *bb,
+                           const float *ba, const float *A_log, const float *dt_bias, int Hv, float *beta,
+                           float *decay) {
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *row = conv_out + (int64_t)t * CD;
+    for (int h = warp; h < n_qk_heads; h += nw) {
+        float *v = row + (int64_t)h * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss += v[i] * v[i];
+        ss = warp_sum(ss);
+        const float sc = (h < Hk ? rsqrtf((float)dk) : 1.0f) / sqrtf(ss + 1e-6f);
+        for (int i = lane; i < dk; i += 32) v[i] *= sc;
+    }
+    for (int j = threadIdx.x; j < Hv; j += blockDim.x) {
+        const int64_t i = (int64_t)t * Hv + j;
+        beta[i] = 1.0f / (1.0f + expf(-bb[i]));
+        const float xa = ba[i] + dt_bias[j];
+        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
+        decay[i] = expf(-expf(A_log[j]) * sp);
+    }
+}
+
+// The f32 delta-rule recurrence. Block = one warp = 32 value columns of one
+// v-head; lane m owns column m of the state S[DK][dv], kept in shared memory
+// (S[i][lane]: consecutive lanes, consecutive banks) for the whole chunk.
+template <int DK>
+__global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
+                                                  const float *beta, const float *decay, float *ssm, float *o, int T) {
+    const int j = blockIdx.x, lane = threadIdx.x, m = blockIdx.y * 32 + lane;
+    const int hk = j / (Hv / Hk);
+    __shared__ float qs[DK], ks[DK], S[DK][32];
+    float *Sg = ssm + (int64_t)j * DK * dv + m;
+    for (int i = 0; i < DK; i++) S[i][lane] = Sg[(int64_t)i * dv];
+    const int64_t VD = (int64_t)Hv * dv;
+    for (int t = 0; t < T; t++) {
+        const float *row = conv_out + (int64_t)t * CD;
+        for (int i = lane; i < DK; i += 32) {
+            qs[i] = row[(int64_t)hk * DK + i];
+            ks[i] = row[KD + (int64_t)hk * DK + i];
+        }
+        __syncwarp();
+        const float v = row[2 * KD + (int64_t)j * dv + m];
+        const float a = decay[(int64_t)t * Hv + j], bt = beta[(int64_t)t * Hv + j];
+        float r0 = 0.0f, r1 = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < DK; i += 2) {
+            const float s0 = S[i][lane] * a, s1 = S[i + 1][lane] * a;
+            S[i][lane] = s0;
+            S[i + 1][lane] = s1;
+            r0 += s0 * ks[i];
+            r1 += s1 * ks[i + 1];
+        }
+        const float d = (v - (r0 + r1)) * bt;
+        float o0 = 0.0f, o1 = 0.0f;
+#pragma unroll 8
+        for (int i = 0; i < DK; i += 2) {
+            const float s0 = S[i][lane] + ks[i] * d, s1 = S[i + 1][lane] + ks[i + 1] * d;
+            S[i][lane] = s0;
+            S[i + 1][lane] = s1;
+            o0 += s0 * qs[i];
+            o1 += s1 * qs[i + 1];
+        }
+        o[(int64_t)t * VD + (int64_t)j * dv + m] = o0 + o1;
+        __syncwarp();
+    }
+    for (int i = 0; i < DK; i++) Sg[(int64_t)i * dv] = S[i][lane];
+}
+
+// Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
+__global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, int dv, float eps) {
+    const int t = blockIdx.x, j = blockIdx.y, lane = threadIdx.x;
+    const int64_t off = ((int64_t)t * Hv + j) * dv;
+    float ss = 0.0f;
+    for (int m = lane; m < dv; m += 32) ss += o[off + m] * o[off + m];
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)dv + eps);
+    for (int m = lane; m < dv; m += 32) {
+        const float zz = z[off + m];
+        o[off + m] = o[off + m] * inv * w[m] * (zz / (1.0f + expf(-zz)));
+    }
+}
+
+// ---------------------------------------------------------------- gated attention
+
+// Per token: q_norm + RoPE on every query head (in place), k_norm + RoPE on the
+// key heads and both k and v into the cache at position pos + t.
+__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
+                            float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, double theta, float eps) {
+    extern __shared__ float buf[]; // [warps][hd]
+    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
+    float *sb = buf + warp * hd;
+    for (int h = warp; h < nh + nkv; h += nw) {
+        const bool isq = h < nh;
+        const float *src = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kx + t * kvw + (int64_t)(h - nh) * hd;
+        float *dst = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kc + p * kvw + (int64_t)(h - nh) * hd;
+        const float *g = isq ? qn : kn;
+        float ss = 0.0f;
+        for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / (float)hd + eps);
+        for (int i = lane; i < hd; i += 32) sb[i] = src[i] * inv * g[i];
+        __syncwarp();
+        const int half = rd / 2;
+        for (int i = lane; i < hd; i += 32) {
+            float v = sb[i];
+            if (i < rd) {
+                const int fi = i < half ? i : i - half;
+                const float inv_freq = (float)pow(theta, -2.0 * fi / rd);
+                float sn, cs;
+                sincosf((float)p * inv_freq, &sn, &cs);
+                v = i < half ? sb[i] * cs - sb[i + half] * sn : sb[i] * cs + sb[i - half] * sn;
+            }
+            dst[i] = v;
+        }
+        __syncwarp();
+        if (!isq)
+            for (int i = lane; i < hd; i += 32)
+                vc[p * kvw + (int64_t)(h - nh) * hd + i] = vx[t * kvw + (int64_t)(h - nh) * hd + i];
+    }
+}
+
+// Causal attention of token t, head h over keys [0, pos + t], split over
+// gridDim.z key ranges. 4 warps, each an online softmax over its keys; lane
+// holds DPL = hd/32 dims. One split: writes o * sigmoid(gate); several: partials.
+template <int DPL>
+__global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, const float *vc, const int *d_pos,
+                                              int nh, int nkv, float *out, float *part) {
+    const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    const int hd = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int kh = h / (nh / nkv);
+    const int64_t n = (int64_t)*d_pos + t + 1, kvw = (int64_t)nkv * hd;
+    const int64_t j0 = n * s / S, j1 = n * (s + 1) / S;
+    const float *q = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd;
+    const float scale = rsqrtf((float)hd);
+    float qr[DPL], acc[DPL];
+#pragma unroll
+    for (int d = 0; d < DPL; d++) {
+        qr[d] = q[lane * DPL + d] * scale;
+        acc[d] = 0.0f;
+    }
+    float mx = -INFINITY, l = 0.0f;
+    for (int64_t j = j0 + warp; j < j1; j += 4) {
+        const float *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
+        float dot = 0.0f;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) dot += qr[d] * kr[d];
+        dot = warp_sum(dot);
+        const float mn = fmaxf(mx, dot), corr = expf(mx - mn), pj = expf(dot - mn);
+        l = l * corr + pj;
+        const float *vr = vc + j * kvw + (int64_t)kh * hd + lane * DPL;
+#pragma unroll
+        for (int d = 0; d < DPL; d++) acc[d] = acc[d] * corr + pj * vr[d];
+        mx = mn;
+    }
+    __shared__ float sm[4], sl[4];
+    __shared__ float sacc[4][DPL * 32];
+    if (lane == 0) { sm[warp] = mx; sl[warp] = l; }
+#pragma unroll
+    for (int d = 0; d < DPL; d++) sacc[warp][lane * DPL + d] = acc[d];
+    __syncthreads();
+    float M = fmaxf(fmaxf(sm[0], sm[1]), fmaxf(sm[2], sm[3]));
+    float w[4], L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        w[i] = sm[i] == -INFINITY ? 0.0f : expf(sm[i] - M);
+        L += sl[i] * w[i];
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) a += sacc[i][d] * w[i];
+        if (S == 1) {
+            const float g = q[hd + d];
+            out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a / L / (1.0f + expf(-g));
+        } else {
+            float *pp = part + (((int64_t)t * nh + h) * S + s) * (hd + 2);
+            pp[d] = a;
+            if (d == 0) { pp[hd] = M; pp[hd + 1] = L; }
+        }
+    }
+}
+
+// Merge the split partials of k_attn and apply the output gate.
+__global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (int s = 0; s < S; s++) {
+        const float m = pp[s * (hd + 2) + hd];
+        if (m != -INFINITY) L += pp[s * (hd + 2) + hd + 1] * expf(m - M);
+    }
+    const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < S; s++) {
+            const float m = pp[s * (hd + 2) + hd];
+            if (m != -INFINITY) a += pp[s * (hd + 2) + d] * expf(m - M);
+        }
+        out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a / L / (1.0f + expf(-gate[d]));
+    }
+}
+
+// ---------------------------------------------------------------- mixture of experts
+
+// Router: softmax over all E logits (f32), top-K by repeated block argmax (ties:
+// lowest index, as the CPU reference), renormalise. counts[e] += 1 per pick.
+__global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
+    extern __shared__ float p[]; // [E]
+    __shared__ float sh[32];
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const float *lg = logits + (int64_t)t * E;
+    float mx = -INFINITY;
+    for (int e = tid; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
+    mx = block_max(mx, sh);
+    float sum = 0.0f;
+    for (int e = tid; e < E; e += blockDim.x) sum += (p[e] = expf(lg[e] - mx));
+    sum = block_sum(sum, sh);
+    for (int e = tid; e < E; e += blockDim.x) p[e] /= sum;
+    __syncthreads();
+    float tot = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float v = -1.0f;
+        int idx = 0x7fffffff;
+        for (int e = tid; e < E; e += blockDim.x)
+            if (p[e] > v) { v = p[e]; idx = e; }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+        }
+        if (lane == 0) { bv[warp] = v; bi[warp] = idx; }
+        __syncthreads();
+        if (tid == 0) {
+            for (int i = 1; i < nw; i++)
+                if (bv[i] > bv[0] || (bv[i] == bv[0] && bi[i] < bi[0])) { bv[0] = bv[i]; bi[0] = bi[i]; }
+            topi[t * K + k] = bi[0];
+            topw[t * K + k] = bv[0];
+            tot += bv[0];
+            p[bi[0]] = -1.0f;
+            if (counts) atomicAdd(&counts[bi[0]], 1);
+        }
+        __syncthreads();
+    }
+    if (tid == 0 && norm)
+        for (int k = 0; k < K; k++) topw[t * K + k] /= tot;
+}
+
+// Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
+__global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        for (int e = 0; e < E; e++) {
+            offs[e] = acc;
+            acc += counts[e];
+            counts[e] = 0;
+            cursor[e] = 0;
+        }
+        offs[E] = acc;
+    }
+}
+
+// Each routing slot (t*K + k) takes its place in its expert's run.
+__global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int *cursor, int *sorted) {
+    const int slot = blockIdx.x * blockDim.x + threadIdx.x;
+    if (slot >= n_slots) return;
+    const int e = topi[slot];
+    sorted[offs[e] + atomicAdd(&cursor[e], 1)] = slot;
+}
+
+// x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual)
+__global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
+                              int64_t H) {
+    const int t = blockIdx.x;
+    const float gs = 1.0f / (1.0f + expf(-sg[t]));
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+        float a = gs * shy[(int64_t)t * H + h];
+        for (int k = 0; k < K; k++) a += topw[t * K + k] * ye[((int64_t)t * K + k) * H + h];
+        x[(int64_t)t * H + h] += a;
+    }
+}
+
+// ---------------------------------------------------------------- head
+
+// Greedy pick over the vocabulary (ties: lowest id). Writes the token as the
+// next step's input, into the host-visible ring, and advances the position.
+__global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring, int ring_size, int *d_step,
+                         int *d_pos) {
+    __shared__ float bv[32];
+    __shared__ int64_t bi[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    float v = -INFINITY;
+    int64_t idx = 0x7fffffffffffll;
+    for (int64_t i = tid; i < V; i += blockDim.x)
+        if (logits[i] > v) { v = logits[i]; idx = i; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+    }
+    if (lane == 0) { bv[warp] = v; bi[warp] = idx; }
+    __syncthreads();
+    if (tid == 0) {
+        for (int i = 1; i < nw; i++)
+            if (bv[i] > bv[0] || (bv[i] == bv[0] && bi[i] < bi[0])) { bv[0] = bv[i]; bi[0] = bi[i]; }
+        *next_id = (int)bi[0];
+        if (ring) {
+            const int s = *d_step;
+            ((volatile int *)ring)[s % ring_size] = (int)bi[0];
+            *d_step = s + 1;
+        }
+        if (d_pos) *d_pos += 1;
+    }
+}

@@ -1,0 +1,287 @@
+/* synth.c — `lilac synth`: a random-weight checkpoint of the real Qwen3.6-35B-A3B
+ * geometry (or fewer layers) in the mlx-community 4-bit format, deterministic by
+ * seed, written in parallel. It is how the full-size path is tested and
+ * benchmarked where the real weights cannot be downloaded.
+ *
+ * Weights are drawn directly in quantised form: uniform 4-bit (8-bit) codes,
+ * and per group a scale s = ±sigma/sd(q) and bias b = -s*mean(q), so every
+ * matrix has zero-mean entries of standard deviation sigma = gain/sqrt(fan_in)
+ * and activations stay in a realistic range through all 40 layers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../cli/commands.h"
+#include "../model/config.h"
+#include "../model/safetensors.h"
+
+typedef struct {
+    char name[160];
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+    int kind;       /* what to fill it with, see fill() */
+    float sigma;    /* matrix entry std (codes) or value scale */
+    int bits;       /* for codes/scales/biases of quantised matrices */
+    int shard;
+    size_t offset, nbytes;
+} spec;
+
+enum { K_CODES, K_SCALES, K_BIASES, K_GAIN, K_CONV, K_ALOG, K_DTBIAS, K_ONES };
+
+typedef struct {
+    spec *v;
+    int n, cap;
+} specs;
+
+static void add(specs *S, const char *name, st_dtype dt, int ndim, int64_t a, int64_t b, int64_t c, int kind,
+                float sigma, int bits) {
+    if (S->n == S->cap) S->v = xrealloc(S->v, sizeof(spec) * (size_t)(S->cap = S->cap ? 2 * S->cap : 256));
+    spec *s = &S->v[S->n++];
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->dtype = dt;
+    s->ndim = ndim;
+    s->shape[0] = a; s->shape[1] = b; s->shape[2] = c;
+    s->kind = kind;
+    s->sigma = sigma;
+    s->bits = bits;
+    size_t n = st_dtype_size(dt);
+    for (int i = 0; i < ndim; i++) n *= (size_t)s->shape[i];
+    s->nbytes = n;
+}
+
+/* A quantised matrix [E?, rows, cols]: .weight (u32), .scales and .biases (bf16). */
+static void add_q(specs *S, const char *base, int64_t E, int64_t rows, int64_t cols, int bits, float gain) {
+    char n[200];
+    const float sigma = gain / sqrtf((float)cols);
+    const int nd = E ? 3 : 2;
+    const int64_t a = E ? E : rows, b = E ? rows : cols * bits / 32, b2 = E ? rows : cols / 64;
+    const int64_t c = E ? cols * bits / 32 : 0, c2 = E ? cols / 64 : 0;
+    snprintf(n, sizeof n, "%s.weight", base);
+    add(S, n, ST_U32, nd, a, b, c, K_CODES, sigma, bits);
+    snprintf(n, sizeof n, "%s.scales", base);
+    add(S, n, ST_BF16, nd, a, b2, c2, K_SCALES, sigma, bits);
+    snprintf(n, sizeof n, "%s.biases", base);
+    add(S, n, ST_BF16, nd, a, b2, c2, K_BIASES, sigma, bits);
+}
+
+/* splitmix64: a counter-based generator, so any element is reproducible. */
+static inline uint64_t mix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static inline float unif(uint64_t key) { return (float)((mix(key) >> 40) * (1.0 / 16777216.0)); } /* [0,1) */
+
+/* Fill spec s (index si) into buf. Scales and biases of a group come from the
+ * same key so that s and b match; biases centre the codes' mean. */
+static void fill(const spec *s, int si, uint64_t seed, void *buf) {
+    const uint64_t base = mix(seed * 1000003ull + (uint64_t)si * 7919ull);
+    size_t n = s->nbytes / st_dtype_size(s->dtype);
+    if (s->kind == K_CODES) {
+        uint32_t *u = buf;
+        for (size_t i = 0; i < n; i++) u[i] = (uint32_t)mix(base + i);
+        return;
+    }
+    uint16_t *h = buf;
+    float *f = buf;
+    const float levels = (float)((1 << s->bits) - 1);
+    const float q_sd = levels / sqrtf(12.0f) * sqrtf(1.0f + 2.0f / levels); /* sd of uniform {0..levels} */
+    for (size_t i = 0; i < n; i++) {
+        /* group key: shared by the scales and biases tensors of one matrix (si-1/si-2 offsets). */
+        float v;
+        switch (s->kind) {
+        case K_SCALES:
+        case K_BIASES: {
+            const int owner = s->kind == K_SCALES ? si - 1 : si - 2; /* the .weight spec index */
+            const uint64_t gk = mix(seed * 1000003ull + (uint64_t)owner * 7919ull + 0x5151) + i;
+            const float jitter = 0.75f + 0.5f * unif(gk);
+            const float sc = (unif(gk ^ 0xabcdef) < 0.5f ? -1.0f : 1.0f) * s->sigma * jitter / q_sd;
+            v = s->kind == K_SCALES ? sc : -sc * levels * 0.5f;
+            h[i] = f32_to_bf16(v);
+            break;
+        }
+        case K_GAIN: h[i] = f32_to_bf16(1.0f + 0.1f * (unif(base + i) - 0.5f)); break;
+        case K_ONES: h[i] = f32_to_bf16(1.0f); break;
+        case K_CONV: h[i] = f32_to_bf16(0.5f * (unif(base + i) - 0.5f)); break;
+        case K_DTBIAS: h[i] = f32_to_bf16(0.5f * (unif(base + i) - 0.5f)); break;
+        case K_ALOG: f[i] = logf(1.0f + 15.0f * unif(base + i)); break;
+        }
+    }
+}
+
+static void write_config(FILE *f, const lilac_config *c, int layers) {
+    fprintf(f, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n");
+    fprintf(f, "  \"tie_word_embeddings\": false,\n  \"text_config\": {\n    \"model_type\": \"qwen3_5_moe_text\",\n");
+    fprintf(f, "    \"hidden_size\": %lld, \"num_hidden_layers\": %d, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-06,\n",
+            (long long)c->hidden, layers, (long long)c->vocab);
+    fprintf(f, "    \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"full_attention_interval\": 4,\n",
+            c->n_heads, c->n_kv_heads, c->head_dim);
+    fprintf(f, "    \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n",
+            c->lin_k_heads, c->lin_v_heads, c->lin_k_dim);
+    fprintf(f, "    \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n", c->lin_v_dim, c->conv_kernel);
+    fprintf(f, "    \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %lld,\n", c->n_experts,
+            c->top_k, (long long)c->moe_inter);
+    fprintf(f, "    \"shared_expert_intermediate_size\": %lld, \"max_position_embeddings\": %lld,\n",
+            (long long)c->shared_inter, (long long)c->max_pos);
+    fprintf(f, "    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, "
+               "\"mrope_section\": [11, 11, 10], \"mrope_interleaved\": true},\n");
+    fprintf(f, "    \"eos_token_id\": 248044, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n");
+    fprintf(f, "  \"quantization\": {\n    \"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"");
+    for (int l = 0; l < layers; l++)
+        fprintf(f, ",\n    \"language_model.model.layers.%d.mlp.gate\": {\"group_size\": 64, \"bits\": 8},\n"
+                   "    \"language_model.model.layers.%d.mlp.shared_expert_gate\": {\"group_size\": 64, \"bits\": 8}", l, l);
+    fprintf(f, "\n  }\n}\n");
+}
+
+int cmd_synth(int argc, char **argv) {
+    const char *out = NULL;
+    long seed = 0, layers = 40, vocab = 0;
+    for (int i = 1; i < argc; i++)
+        if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
+            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab))
+            opt_unknown("synth", argv[i]);
+    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V]");
+    lilac_config c;
+    lilac_config_real(&c);
+    if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
+    if (vocab) {
+        if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
+        c.vocab = vocab;
+    }
+    const int64_t H = c.hidden, E = c.n_experts, I = c.moe_inter, SI = c.shared_inter;
+    const int64_t CD = cfg_conv_dim(&c), VD = cfg_lin_val_dim(&c), Hv = c.lin_v_heads, hd = c.head_dim;
+
+    specs S = {0};
+    char p[160], n[200];
+    add_q(&S, "language_model.model.embed_tokens", 0, c.vocab, H, 4, 1.0f * sqrtf((float)H));
+    add_q(&S, "language_model.lm_head", 0, c.vocab, H, 4, 2.0f);
+    add(&S, "language_model.model.norm.weight", ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
+    for (int l = 0; l < layers; l++) {
+        snprintf(p, sizeof p, "language_model.model.layers.%d", l);
+#define N(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
+        add(&S, N("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
+        add(&S, N("post_attention_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
+        if ((l + 1) % 4) {
+            add_q(&S, N("linear_attn.in_proj_qkv"), 0, CD, H, 4, 1.0f);
+            add_q(&S, N("linear_attn.in_proj_z"), 0, VD, H, 4, 1.0f);
+            add_q(&S, N("linear_attn.in_proj_b"), 0, Hv, H, 4, 1.0f);
+            add_q(&S, N("linear_attn.in_proj_a"), 0, Hv, H, 4, 1.0f);
+            add_q(&S, N("linear_attn.out_proj"), 0, H, VD, 4, 1.0f);
+            add(&S, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, c.conv_kernel, 1, K_CONV, 0, 0);
+            add(&S, N("linear_attn.A_log"), ST_F32, 1, Hv, 0, 0, K_ALOG, 0, 0);
+            add(&S, N("linear_attn.dt_bias"), ST_BF16, 1, Hv, 0, 0, K_DTBIAS, 0, 0);
+            add(&S, N("linear_attn.norm.weight"), ST_BF16, 1, c.lin_v_dim, 0, 0, K_GAIN, 0, 0);
+        } else {
+            add_q(&S, N("self_attn.q_proj"), 0, 2 * c.n_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.k_proj"), 0, c.n_kv_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.v_proj"), 0, c.n_kv_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.o_proj"), 0, H, c.n_heads * hd, 4, 1.0f);
+            add(&S, N("self_attn.q_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
+            add(&S, N("self_attn.k_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
+        }
+        add_q(&S, N("mlp.gate"), 0, E, H, 8, 1.0f);
+        add_q(&S, N("mlp.shared_expert_gate"), 0, 1, H, 8, 1.0f);
+        add_q(&S, N("mlp.shared_expert.gate_proj"), 0, SI, H, 4, 1.0f);
+        add_q(&S, N("mlp.shared_expert.up_proj"), 0, SI, H, 4, 1.0f);
+        add_q(&S, N("mlp.shared_expert.down_proj"), 0, H, SI, 4, 1.0f);
+        add_q(&S, N("mlp.switch_mlp.gate_proj"), E, I, H, 4, 1.0f);
+        add_q(&S, N("mlp.switch_mlp.up_proj"), E, I, H, 4, 1.0f);
+        add_q(&S, N("mlp.switch_mlp.down_proj"), E, H, I, 4, 1.0f);
+#undef N
+    }
+
+    /* Shards of at most ~5 GB, in spec order. */
+    const size_t SHARD = 5000000000ull;
+    int n_shards = 1;
+    size_t cur = 0;
+    for (int i = 0; i < S.n; i++) {
+        if (cur && cur + S.v[i].nbytes > SHARD) { n_shards++; cur = 0; }
+        S.v[i].shard = n_shards - 1;
+        S.v[i].offset = cur;
+        cur += S.v[i].nbytes;
+    }
+    if (mkdir(out, 0755) < 0 && errno != EEXIST) lilac_die("synth: cannot create %s: %s", out, strerror(errno));
+
+    char path[4096];
+    size_t total = 0;
+    double t0 = lilac_now();
+    int *fds = xcalloc((size_t)n_shards, sizeof(int));
+    size_t *hdr = xcalloc((size_t)n_shards, sizeof(size_t));
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", out);
+    FILE *idx = fopen(path, "w");
+    if (!idx) lilac_die("synth: %s: %s", path, strerror(errno));
+    fprintf(idx, "{\n  \"metadata\": {},\n  \"weight_map\": {");
+    for (int sh = 0; sh < n_shards; sh++) {
+        /* Header JSON, padded with spaces to a multiple of 8 bytes. */
+        size_t cap = 1 << 20, len = 0;
+        char *h = xmalloc(cap);
+        len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"mlx\"}");
+        for (int i = 0; i < S.n; i++) {
+            const spec *s = &S.v[i];
+            if (s->shard != sh) continue;
+            if (cap - len < 512) h = xrealloc(h, cap *= 2);
+            len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", s->name,
+                                    st_dtype_name(s->dtype));
+            for (int d = 0; d < s->ndim; d++) len += (size_t)snprintf(h + len, cap - len, d ? ",%lld" : "%lld", (long long)s->shape[d]);
+            len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", s->offset, s->offset + s->nbytes);
+            fprintf(idx, "%s\n    \"%s\": \"model-%05d-of-%05d.safetensors\"", total++ ? "," : "", s->name, sh + 1, n_shards);
+        }
+        len += (size_t)snprintf(h + len, cap - len, "}");
+        while (len % 8) h[len++] = ' ';
+        snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", out, sh + 1, n_shards);
+        fds[sh] = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fds[sh] < 0) lilac_die("synth: %s: %s", path, strerror(errno));
+        uint64_t hl = len;
+        unsigned char le[8];
+        for (int b = 0; b < 8; b++) le[b] = (unsigned char)(hl >> (8 * b));
+        if (write(fds[sh], le, 8) != 8 || write(fds[sh], h, len) != (ssize_t)len)
+            lilac_die("synth: writing %s: %s", path, strerror(errno));
+        hdr[sh] = 8 + len;
+        free(h);
+    }
+    fprintf(idx, "\n  }\n}\n");
+    fclose(idx);
+
+    size_t bytes = 0;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : bytes, failed)
+    for (int i = 0; i < S.n; i++) {
+        const spec *s = &S.v[i];
+        void *buf = malloc(s->nbytes ? s->nbytes : 1);
+        if (!buf) { failed++; continue; }
+        fill(s, i, (uint64_t)seed, buf);
+        size_t done = 0;
+        while (done < s->nbytes) {
+            ssize_t w = pwrite(fds[s->shard], (char *)buf + done, s->nbytes - done, (off_t)(hdr[s->shard] + s->offset + done));
+            if (w <= 0) { failed++; break; }
+            done += (size_t)w;
+        }
+        bytes += done;
+        free(buf);
+    }
+    for (int sh = 0; sh < n_shards; sh++)
+        if (close(fds[sh]) < 0) failed++;
+    if (failed) lilac_die("synth: writing the checkpoint failed (disk full?)");
+
+    snprintf(path, sizeof path, "%s/config.json", out);
+    FILE *f = fopen(path, "w");
+    if (!f) lilac_die("synth: %s: %s", path, strerror(errno));
+    write_config(f, &c, (int)layers);
+    if (fclose(f) != 0) lilac_die("synth: writing %s failed", path);
+    double t1 = lilac_now();
+    fprintf(stderr, "synth: %d tensors, %.2f GB in %d shard(s) in %.1f s (%.2f GB/s, %d threads), seed %ld\n", S.n,
+            bytes / 1e9, n_shards, t1 - t0, bytes / 1e9 / (t1 - t0), omp_get_max_threads(), seed);
+    free(fds);
+    free(hdr);
+    free(S.v);
+    lilac_config_free(&c);
+    return 0;
+}

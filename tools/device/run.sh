@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The one device script: on a machine with an NVIDIA Hopper GPU, build lilac's
+# CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
+# the benchmarks. Everything it prints last is the summary table.
+#
+#   bash tools/device/run.sh [quick|full]      (default: full)
+#
+# Inputs it can use when present (carried by the device tool, git-ignored):
+#   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
+#                   for machines without them (the device image has none)
+#   .devdata/tiny   a small oracle checkpoint (tests/oracle makes them)
+# Results go to $OUT (or build/device-out): logs, bench JSON.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+MODE=${1:-full}
+OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
+if [ -d .devdeps/root ]; then
+    D=$PWD/.devdeps/root
+    export CPATH=$D/usr/include${CPATH:+:$CPATH}
+    export LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export PATH=/usr/local/cuda/bin:$PATH
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+NPROC=$(nproc)
+SUMMARY=()
+step() {  # name cmd...
+    local name=$1; shift
+    local t0=$(date +%s)
+    echo "=== $name"
+    "$@" 2>&1 | tee "$OUT/$name.log"
+    local rc=${PIPESTATUS[0]}
+    SUMMARY+=("$(printf '%-28s rc=%d  %4ds' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
+    return $rc
+}
+step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /' | tee "$OUT/commit.txt"
+
+# 1. Correctness: CUDA against the CPU reference.
+[ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
+step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
+step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" = full ]; then
+    step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
+        ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
+fi
+
+# 2. Benchmarks on the full-size synthetic checkpoint (40 layers, 256 experts, vocab 248,320).
+if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+    step synth-full ./build/lilac synth --out /tmp/full --seed 7
+    step info-full ./build/lilac info --model /tmp/full
+    step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
+        --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
+fi
+echo "=== summary"
+printf '%s\n' "${SUMMARY[@]}"
+grep -h -E "passed, .* failed" "$OUT"/test-*.log 2>/dev/null
+[ -f "$OUT/bench.log" ] && tail -n 8 "$OUT/bench.log"
