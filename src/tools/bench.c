@@ -140,6 +140,10 @@ int cmd_bench(int argc, char **argv) {
             int32_t first = 0;
             for (int64_t i = 1; i < V; i++) if (logits[i] > logits[first]) first = (int32_t)i;
             double t1 = lilac_now();
+            if (r < 0 && getenv("LILAC_PROFILE")) { /* one un-graphed decode step, for the phase profile */
+                if (be->forward(s, &first, 1, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
+                continue;
+            }
             col.n = 0;
             int n = be->decode_greedy(s, first, r < 0 ? 2 : (int)steps, collect_tok, &col, &err);
             if (n < 0) lilac_die("%s", err.msg);

@@ -49,6 +49,7 @@ fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     step synth-full ./build/lilac synth --out /tmp/full --seed 7
     step info-full ./build/lilac info --model /tmp/full
+    LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
 fi

@@ -238,6 +238,44 @@ struct lilac_session {
     std::vector<void *> allocs;
 };
 
+// Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
+// run_layers outside graph capture, summed and printed per forward call.
+enum { PH_EMBED, PH_MIXER_GDN, PH_MIXER_ATTN, PH_MOE, PH_HEAD, PH_N };
+static const char *ph_name[PH_N] = {"embed+norms", "deltanet", "attention", "moe", "head"};
+struct profiler {
+    bool on;
+    std::vector<cudaEvent_t> ev;
+    std::vector<int> phase;
+};
+static profiler prof;
+static void prof_mark(lilac_session *s, int phase) {
+    if (!prof.on) return;
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(s->st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+    cudaEvent_t e;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    cudaEventRecord(e, s->st);
+    prof.ev.push_back(e);
+    prof.phase.push_back(phase);
+}
+static void prof_report(lilac_session *s, int T) {
+    if (!prof.on || prof.ev.size() < 2) return;
+    cudaStreamSynchronize(s->st);
+    double tot[PH_N] = {0}, all = 0;
+    for (size_t i = 1; i < prof.ev.size(); i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, prof.ev[i - 1], prof.ev[i]);
+        tot[prof.phase[i]] += ms;
+        all += ms;
+    }
+    fprintf(stderr, "profile T=%d: %.3f ms:", T, all);
+    for (int p = 0; p < PH_N; p++) fprintf(stderr, " %s %.3f", ph_name[p], tot[p]);
+    fprintf(stderr, "\n");
+    for (cudaEvent_t e : prof.ev) cudaEventDestroy(e);
+    prof.ev.clear();
+    prof.phase.clear();
+}
+
 template <typename T>
 static int dalloc(lilac_session *s, T **p, size_t n, lilac_err *err) {
     CK(cudaMalloc((void **)p, sizeof(T) * (n ? n : 1)));
@@ -276,6 +314,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->m = m;
     s->max_seq = max_seq;
     s->D = new dmodel(); // value-initialised: every pointer and handle starts null
+    prof.on = getenv("LILAC_PROFILE") != nullptr;
     if (dmodel_upload(s->D, m, err) < 0) { cuda_session_free(s); return nullptr; }
     const int64_t H = c->hidden, C = CHUNK, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), K = c->top_k;
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
@@ -339,16 +378,16 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 
 // ---------------------------------------------------------------- the forward pass
 
-// y = W x for T tokens: GEMV for few tokens, tensor-core GEMM otherwise.
+// y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
 static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
                   int xm, int64_t xoff, lilac_err *err) {
-    if (T <= GEMV_MAX_T) {
+    if (T == 1) {
         gemv_job j;
         memset(&j, 0, sizeof j);
         j.W[0] = W; j.y[0] = y; j.ldy[0] = ldy; j.n = 1;
         j.start[0] = 0; j.start[1] = (int)((W.rows + 7) / 8);
-        if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<j.start[1], 256, 0, s->st>>>(j, x, ldx, xoff, T, nullptr, 1);
-        else k_gemv<XM_PLAIN><<<j.start[1], 256, 0, s->st>>>(j, x, ldx, xoff, T, nullptr, 1);
+        if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
+        else k_gemv<XM_PLAIN><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
     } else {
         dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
         if (xm == XM_SWIGLU) k_gemm_tc<XM_SWIGLU><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
@@ -358,10 +397,11 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
     return 0;
 }
 
-// Several matrices over the same input in one GEMV launch (decode), or one GEMM each.
+// Several matrices over the same input (same columns): one GEMV launch for a
+// single token, one GEMM each otherwise.
 static int matmul_multi(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, const float *x,
                         int64_t ldx, int T, lilac_err *err) {
-    if (T > GEMV_MAX_T) {
+    if (T > 1) {
         for (int i = 0; i < n; i++)
             if (matmul(s, W[i], x, ldx, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
         return 0;
@@ -373,7 +413,7 @@ static int matmul_multi(lilac_session *s, int n, const dmat *W, float *const *y,
         j.W[i] = W[i]; j.y[i] = y[i]; j.ldy[i] = ldy[i];
         j.start[i + 1] = j.start[i] + (int)((W[i].rows + 7) / 8);
     }
-    k_gemv<XM_PLAIN><<<j.start[n], 256, 0, s->st>>>(j, x, ldx, 0, T, nullptr, 1);
+    k_gemv<XM_PLAIN><<<j.start[n], 256, gemv_smem(W[0].cols), s->st>>>(j, x, ldx, 0, nullptr, 1);
     CKL();
     return 0;
 }
@@ -458,14 +498,14 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
         j.W[0] = d.exp_gate; j.y[0] = s->gu; j.ldy[0] = 2 * I;
         j.W[1] = d.exp_up; j.y[1] = s->gu + I; j.ldy[1] = 2 * I;
         j.start[1] = (int)((I + 7) / 8); j.start[2] = 2 * j.start[1];
-        k_gemv<XM_PLAIN><<<dim3((unsigned)j.start[2], (unsigned)slots), 256, 0, s->st>>>(j, s->xn, H, 0, 1, s->topi, K);
+        k_gemv<XM_PLAIN><<<dim3((unsigned)j.start[2], (unsigned)slots), 256, gemv_smem(H), s->st>>>(j, s->xn, H, 0, s->topi, K);
         CKL();
         gemv_job jd;
         memset(&jd, 0, sizeof jd);
         jd.n = 1;
         jd.W[0] = d.exp_down; jd.y[0] = s->ye; jd.ldy[0] = H;
         jd.start[1] = (int)((H + 7) / 8);
-        k_gemv<XM_SWIGLU><<<dim3((unsigned)jd.start[1], (unsigned)slots), 256, 0, s->st>>>(jd, s->gu, 2 * I, I, 1, s->topi, 1);
+        k_gemv<XM_SWIGLU><<<dim3((unsigned)jd.start[1], (unsigned)slots), 256, gemv_smem(I), s->st>>>(jd, s->gu, 2 * I, I, s->topi, 1);
         CKL();
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
@@ -494,16 +534,21 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     const int64_t H = c->hidden;
     dmodel *D = s->D;
+    prof_mark(s, PH_EMBED);
     k_embed<<<T, 256, 0, s->st>>>(D->embed, s->d_ids, s->x);
     CKL();
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer &d = D->layers[(size_t)l];
         k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
         CKL();
+        prof_mark(s, PH_EMBED);
         if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
+        prof_mark(s, c->is_full[l] ? PH_MIXER_ATTN : PH_MIXER_GDN);
         k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
         CKL();
+        prof_mark(s, PH_EMBED);
         if (moe_layer(s, d, T, err) < 0) return -1;
+        prof_mark(s, PH_MOE);
     }
     return 0;
 }
@@ -549,10 +594,12 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
                                cudaMemcpyDeviceToHost, s->st));
         } else if (mode == LOGITS_LAST && last) {
             if (head(s, T - 1, 1, err) < 0) return -1;
+            prof_mark(s, PH_HEAD);
             CK(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
         }
         // The host staging buffer is reused by the next chunk: wait here.
         CK(cudaStreamSynchronize(s->st));
+        prof_report(s, T);
         done += T;
     }
     s->pos += n;

@@ -50,7 +50,6 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
 
 enum { XM_PLAIN = 0, XM_SWIGLU = 1 };
 
-#define GEMV_MAX_T 8
 #define GEMV_MATS 4
 
 // Up to GEMV_MATS matrices that read the same input, in one launch: blocks
@@ -64,94 +63,131 @@ struct gemv_job {
     int n;
 };
 
-// Input element c of token t: plain x[t*ldx + c], or silu(x[..c]) * x[..xoff + c].
+// Input element c: plain x[c], or silu(x[c]) * x[xoff + c].
 template <int XM>
 __device__ __forceinline__ float xin(const float *xt, int64_t xoff, int64_t c) {
-    if (XM == XM_PLAIN) return __ldg(xt + c);
-    float g = __ldg(xt + c);
-    return g / (1.0f + expf(-g)) * __ldg(xt + xoff + c);
+    if (XM == XM_PLAIN) return xt[c];
+    float g = xt[c];
+    return g / (1.0f + expf(-g)) * xt[xoff + c];
 }
 
-// One warp per output row, 8 rows per block. Plain mode: T tokens (<= GEMV_MAX_T)
-// share each weight read. Expert mode (topi != null): blockIdx.y is a routing slot
-// (token t = slot / x_div, expert topi[slot]); the output row is the slot.
+// The staged input lives in shared memory padded to 36 floats per 32, so that
+// the float4 reads of a warp (each lane a different 32/16/8-column run) hit
+// distinct banks.
+__device__ __forceinline__ int xs_idx(int64_t c) { return (int)((c >> 5) * 36 + (c & 31)); }
+
+// Dot of one weight row with the staged input, one warp, lanes over 16-byte
+// chunks of the row (coalesced), f32 accumulation.
+__device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *xs, int lane) {
+    const int64_t cols = W.cols;
+    float acc = 0.0f;
+    if (W.type == 1) { // bf16: 8 columns per 16 bytes
+        const uint4 *wr = (const uint4 *)(W.w + r * cols);
+        for (int64_t i = lane; i < cols / 8; i += 32) {
+            const uint4 raw = __ldg(wr + i);
+            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
+            const float4 x0 = *(const float4 *)(xs + xs_idx(i * 8)), x1 = *(const float4 *)(xs + xs_idx(i * 8 + 4));
+            float2 w0 = __bfloat1622float2(h[0]), w1 = __bfloat1622float2(h[1]), w2 = __bfloat1622float2(h[2]),
+                   w3 = __bfloat1622float2(h[3]);
+            acc += w0.x * x0.x + w0.y * x0.y + w1.x * x0.z + w1.y * x0.w + w2.x * x1.x + w2.y * x1.y + w3.x * x1.z + w3.y * x1.w;
+        }
+        return acc;
+    }
+    const int64_t ng = cols / W.group;
+    const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
+    if (W.bits == 4) { // 32 columns per 16 bytes
+        const uint4 *qr = (const uint4 *)(W.q + r * (cols / 8));
+#pragma unroll 2
+        for (int64_t i = lane; i < cols / 32; i += 32) {
+            const uint4 raw = __ldg(qr + i);
+            const int64_t c0 = i * 32;
+            const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
+            const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+            float dq = 0.0f, xsum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * k)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * k + 4));
+                const uint32_t w = wd[k];
+                dq += xa.x * (float)(w & 15) + xa.y * (float)((w >> 4) & 15) + xa.z * (float)((w >> 8) & 15) +
+                      xa.w * (float)((w >> 12) & 15) + xb.x * (float)((w >> 16) & 15) + xb.y * (float)((w >> 20) & 15) +
+                      xb.z * (float)((w >> 24) & 15) + xb.w * (float)(w >> 28);
+                xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
+            }
+            acc += s * dq + b * xsum;
+        }
+        return acc;
+    }
+    // 8-bit: 16 columns per 16 bytes
+    const uint4 *qr = (const uint4 *)(W.q + r * (cols / 4));
+    for (int64_t i = lane; i < cols / 16; i += 32) {
+        const uint4 raw = __ldg(qr + i);
+        const int64_t c0 = i * 16;
+        const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
+        const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+        float dq = 0.0f, xsum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
+            const uint32_t w = wd[k];
+            dq += xa.x * (float)(w & 255) + xa.y * (float)((w >> 8) & 255) + xa.z * (float)((w >> 16) & 255) +
+                  xa.w * (float)(w >> 24);
+            xsum += (xa.x + xa.y) + (xa.z + xa.w);
+        }
+        acc += s * dq + b * xsum;
+    }
+    return acc;
+}
+
+// One token, one warp per output row, 8 rows per block; the input row is staged
+// in shared memory once per block (with SwiGLU applied when XM_SWIGLU). Expert
+// mode (topi != null): blockIdx.y is a routing slot (token slot / x_div, expert
+// topi[slot]) and the output row is the slot. Every matrix of a job has the same
+// number of columns.
 template <int XM>
-__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff, int T,
+__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                               const int *topi, int x_div) {
+    extern __shared__ float xs[];
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)(blockIdx.x - job.start[mi]) * 8 + (threadIdx.x >> 5);
-    if (r >= W.rows) return;
-    int64_t yrow0 = 0;
+    int64_t yrow = 0;
     if (topi) {
         const int slot = blockIdx.y;
         W = dmat_expert(W, topi[slot]);
         x += (int64_t)(slot / x_div) * ldx;
-        yrow0 = slot;
-        T = 1;
+        yrow = slot;
     }
-    float acc[GEMV_MAX_T];
-#pragma unroll
-    for (int t = 0; t < GEMV_MAX_T; t++) acc[t] = 0.0f;
-    const int64_t cols = W.cols;
-    if (W.type == 1) {
-        const __nv_bfloat16 *wr = W.w + r * cols;
-        for (int64_t c8 = lane * 8; c8 < cols; c8 += 32 * 8) {
-            uint4 raw = *(const uint4 *)(wr + c8);
-            const __nv_bfloat16 *wv = (const __nv_bfloat16 *)&raw;
-            float wf[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) wf[j] = __bfloat162float(wv[j]);
-            for (int t = 0; t < T; t++) {
-                const float *xt = x + (int64_t)t * ldx;
-                float a = 0.0f;
-#pragma unroll
-                for (int j = 0; j < 8; j++) a += wf[j] * xin<XM>(xt, xoff, c8 + j);
-                acc[t] += a;
-            }
-        }
-    } else {
-        const int bits = W.bits, per_word = 32 / bits;
-        const uint32_t mask = (1u << bits) - 1u;
-        const int64_t wpr = cols / per_word, ng = cols / W.group;
-        const uint32_t *qr = W.q + r * wpr;
-        const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
-        for (int64_t w4 = lane; w4 * 4 < wpr; w4 += 32) {
-            uint4 raw = *(const uint4 *)(qr + w4 * 4);
-            const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-            const int64_t c0 = w4 * 4 * per_word; // 4 words never cross a group (group >= 32 >= 4*per_word/..)
-            const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
-            for (int t = 0; t < T; t++) {
-                const float *xt = x + (int64_t)t * ldx;
-                float a = 0.0f;
-#pragma unroll
-                for (int wi = 0; wi < 4; wi++)
-                    for (int j = 0; j < per_word; j++) {
-                        const int64_t c = c0 + wi * per_word + j;
-                        a += (s * (float)((words[wi] >> (j * bits)) & mask) + b) * xin<XM>(xt, xoff, c);
-                    }
-                acc[t] += a;
-            }
-        }
-    }
-    for (int t = 0; t < T; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0) job.y[mi][(yrow0 + t) * job.ldy[mi] + r] = v;
-    }
+    for (int64_t c = threadIdx.x; c < W.cols; c += blockDim.x) xs[xs_idx(c)] = xin<XM>(x, xoff, c);
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)(blockIdx.x - job.start[mi]) * 8 + (threadIdx.x >> 5);
+    if (r >= W.rows) return;
+    const float v = warp_sum(row_dot(W, r, xs, lane));
+    if (lane == 0) job.y[mi][yrow * job.ldy[mi] + r] = v;
 }
+
+static inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
 
 // ---------------------------------------------------------------- matrix-matrix (prefill), tensor cores
 
-// y[row(n)][m] = sum_k W[m][k] X(n, k): 64 weight rows x 64 tokens per block,
-// weights dequantised to bf16 in shared memory, bf16 WMMA with f32 accumulation.
+// y[row(n)][m] = sum_k W[m][k] X(n, k): 64 weight rows x 64 tokens per block.
+// Weights are dequantised in shared memory; both operands are split into
+// bf16 hi + lo parts and multiplied as Wh*Xh + Wh*Xl + Wl*Xh on the tensor
+// cores (f32 accumulation), which keeps the result within ~1e-5 of an f32
+// product: prefill agrees with the CPU reference and with decode.
 // Grouped mode (offs != null): blockIdx.z is the expert; its tokens are the
 // routing slots sorted[offs[e] .. offs[e+1]); the input row is slot / x_div and
 // the output row is the slot. Plain mode: token n is row n of x and y.
 #define TC_BM 64
 #define TC_BN 64
 #define TC_BK 64
+#define TC_LD (TC_BK + 8)
+__device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bfloat16 *lo) {
+    const __nv_bfloat16 h = __float2bfloat16(v);
+    *hi = h;
+    *lo = __float2bfloat16(v - __bfloat162float(h));
+}
+
 template <int XM>
 __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t ldx, int64_t xoff, float *y,
                                                  int64_t ldy, int T, const int *offs, const int *sorted, int x_div) {
@@ -166,9 +202,11 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
     const int64_t m0 = (int64_t)blockIdx.x * TC_BM;
     if (n0 >= count || m0 >= W.rows) return;
 
-    __shared__ __align__(32) __nv_bfloat16 Ws[TC_BM][TC_BK + 8];
-    __shared__ __align__(32) __nv_bfloat16 Xs[TC_BN][TC_BK + 8];
-    __shared__ __align__(32) float Cs[TC_BM][TC_BN + 4];
+    // 4 bf16 tiles during the k loop; the f32 result tile reuses the space after it.
+    __shared__ __align__(128) unsigned char smem[4 * TC_BM * TC_LD * 2];
+    typedef __nv_bfloat16 tile[TC_LD];
+    tile *Wh = (tile *)smem, *Wl = Wh + TC_BM, *Xh = Wl + TC_BM, *Xl = Xh + TC_BN;
+    float(*Cs)[TC_BN + 4] = (float(*)[TC_BN + 4])smem;
     __shared__ int64_t xrow[TC_BN], yrow[TC_BN];
     const int tid = threadIdx.x, warp = tid >> 5;
     if (tid < TC_BN) {
@@ -194,11 +232,12 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 
     for (int64_t k0 = 0; k0 < cols; k0 += TC_BK) {
         if (W.type == 1) {
-            for (int idx = tid; idx < TC_BM * TC_BK / 8; idx += 128) {
-                const int row = idx / (TC_BK / 8), c8 = (idx % (TC_BK / 8)) * 8;
-                uint4 raw = make_uint4(0, 0, 0, 0);
-                if (m0 + row < W.rows) raw = *(const uint4 *)(W.w + (m0 + row) * cols + k0 + c8);
-                *(uint4 *)&Ws[row][c8] = raw;
+            for (int idx = tid; idx < TC_BM * TC_BK; idx += 128) {
+                const int row = idx / TC_BK, c = idx % TC_BK;
+                __nv_bfloat16 v = __float2bfloat16(0.0f);
+                if (m0 + row < W.rows) v = W.w[(m0 + row) * cols + k0 + c];
+                Wh[row][c] = v;
+                Wl[row][c] = __float2bfloat16(0.0f); // bf16 weights are exact
             }
         } else {
             const int bits = W.bits, per_word = 32 / bits, wpt = TC_BK / per_word;
@@ -212,9 +251,9 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
                     const int64_t g = gr * ng + (k0 + c) / W.group;
                     const float s = __bfloat162float(W.s[g]), b = __bfloat162float(W.b[g]);
                     for (int j = 0; j < per_word; j++)
-                        Ws[row][c + j] = __float2bfloat16(s * (float)((word >> (j * bits)) & mask) + b);
+                        split_bf16(s * (float)((word >> (j * bits)) & mask) + b, &Wh[row][c + j], &Wl[row][c + j]);
                 } else {
-                    for (int j = 0; j < per_word; j++) Ws[row][c + j] = __float2bfloat16(0.0f);
+                    for (int j = 0; j < per_word; j++) Wh[row][c + j] = Wl[row][c + j] = __float2bfloat16(0.0f);
                 }
             }
         }
@@ -234,21 +273,31 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 4; j++) Xs[n][c4 + j] = __float2bfloat16(v[j]);
+            for (int j = 0; j < 4; j++) split_bf16(v[j], &Xh[n][c4 + j], &Xl[n][c4 + j]);
         }
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TC_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah[2], al[2];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bh[2], bl[2];
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(a[i], &Ws[wm + i * 16][kk], TC_BK + 8);
+            for (int i = 0; i < 2; i++) {
+                wmma::load_matrix_sync(ah[i], &Wh[wm + i * 16][kk], TC_LD);
+                wmma::load_matrix_sync(al[i], &Wl[wm + i * 16][kk], TC_LD);
+            }
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], &Xs[wn + j * 16][kk], TC_BK + 8);
+            for (int j = 0; j < 2; j++) {
+                wmma::load_matrix_sync(bh[j], &Xh[wn + j * 16][kk], TC_LD);
+                wmma::load_matrix_sync(bl[j], &Xl[wn + j * 16][kk], TC_LD);
+            }
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+                for (int j = 0; j < 2; j++) {
+                    wmma::mma_sync(acc[i][j], al[i], bh[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], ah[i], bl[j], acc[i][j]);
+                    wmma::mma_sync(acc[i][j], ah[i], bh[j], acc[i][j]);
+                }
         }
         __syncthreads();
     }
