@@ -998,7 +998,6 @@ static void build_match_set(lilac_tokenizer *t, tok_matchset *ms, bool normalize
 }
 
 static int load_added(lilac_tokenizer *t, json_t *arr, const strmap *vocab, lilac_err *err) {
-    (void)vocab;
     if (!arr || json_is_null(arr)) return 0;
     if (!json_is_array(arr)) return lilac_fail(err, "tokenizer.json: added_tokens is not a list");
     size_t n = json_array_size(arr);
@@ -1014,6 +1013,9 @@ static int load_added(lilac_tokenizer *t, json_t *arr, const strmap *vocab, lila
         if (json_string_length(c) == 0) continue; /* HF ignores empty tokens */
         tok_added *a = &t->added[t->n_added++];
         a->id = (int32_t)json_integer_value(id);
+        /* HF: a token already in the model's vocab keeps its vocab id */
+        long in_vocab = vocab && vocab->slot ? sm_find(vocab, json_string_value(c), json_string_length(c)) : -1;
+        if (in_vocab >= 0) a->id = vocab->e[in_vocab].val;
         a->len = json_string_length(c);
         a->content = xmalloc(a->len + 1);
         memcpy(a->content, json_string_value(c), a->len + 1);
