@@ -240,8 +240,10 @@ struct lilac_session {
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
 // run_layers outside graph capture, summed and printed per forward call.
-enum { PH_EMBED, PH_MIXER_GDN, PH_MIXER_ATTN, PH_MOE, PH_HEAD, PH_N };
-static const char *ph_name[PH_N] = {"embed+norms", "deltanet", "attention", "moe", "head"};
+enum { PH_EMBED, PH_GDN_PROJ, PH_GDN_CORE, PH_ATTN_PROJ, PH_ATTN_CORE, PH_MOE_ROUTE, PH_MOE_EXPERTS, PH_MOE_SHARED,
+       PH_HEAD, PH_N };
+static const char *ph_name[PH_N] = {"embed+norms", "gdn-proj", "gdn-core", "attn-proj", "attn-core", "moe-route",
+                                    "moe-experts", "moe-shared+combine", "head"};
 struct profiler {
     bool on;
     std::vector<cudaEvent_t> ev;
@@ -385,7 +387,7 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
         gemv_job j;
         memset(&j, 0, sizeof j);
         j.W[0] = W; j.y[0] = y; j.ldy[0] = ldy; j.n = 1;
-        j.start[0] = 0; j.start[1] = (int)((W.rows + 7) / 8);
+        j.start[0] = 0; j.start[1] = (int)((W.rows + GEMV_ROWS - 1) / GEMV_ROWS);
         if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
         else k_gemv<XM_PLAIN><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
     } else {
@@ -411,7 +413,7 @@ static int matmul_multi(lilac_session *s, int n, const dmat *W, float *const *y,
     j.n = n;
     for (int i = 0; i < n; i++) {
         j.W[i] = W[i]; j.y[i] = y[i]; j.ldy[i] = ldy[i];
-        j.start[i + 1] = j.start[i] + (int)((W[i].rows + 7) / 8);
+        j.start[i + 1] = j.start[i] + (int)((W[i].rows + GEMV_ROWS - 1) / GEMV_ROWS);
     }
     k_gemv<XM_PLAIN><<<j.start[n], 256, gemv_smem(W[0].cols), s->st>>>(j, x, ldx, 0, nullptr, 1);
     CKL();
@@ -426,9 +428,18 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     float *const Y[4] = {s->qkv, s->z, s->bb, s->ba};
     const int64_t LD[4] = {CD, VD, Hv, Hv};
     if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    prof_mark(s, PH_GDN_PROJ);
     k_conv<<<(unsigned)((CD + 127) / 128), 128, 0, s->st>>>(s->qkv, s->conv_state[(size_t)l], d.conv, s->conv_out, T, CD,
                                                             c->conv_kernel);
     CKL();
+    if (T == 1) {
+        k_gdn_step<<<Hv, c->lin_v_dim, 2 * sizeof(float) * (size_t)c->lin_k_dim, s->st>>>(
+            s->conv_out, KD, c->lin_k_heads, Hv, c->lin_k_dim, c->lin_v_dim, s->bb, s->ba, d.A_log, d.dt_bias,
+            s->ssm[(size_t)l], s->z, d.gdn_norm, c->rms_eps, s->o);
+        CKL();
+        prof_mark(s, PH_GDN_CORE);
+        return matmul(s, d.out_proj, s->o, VD, s->r, H, T, XM_PLAIN, 0, err);
+    }
     k_gdn_prep<<<T, 256, 0, s->st>>>(s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
                                      d.A_log, d.dt_bias, Hv, s->beta, s->decay);
     CKL();
@@ -445,6 +456,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     CKL();
     k_gated_norm<<<dim3((unsigned)T, (unsigned)Hv), 32, 0, s->st>>>(s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
     CKL();
+    prof_mark(s, PH_GDN_CORE);
     return matmul(s, d.out_proj, s->o, VD, s->r, H, T, XM_PLAIN, 0, err);
 }
 
@@ -456,6 +468,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     float *const Y[3] = {s->qg, s->kx, s->vx};
     const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
     if (matmul_multi(s, 3, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    prof_mark(s, PH_ATTN_PROJ);
     k_attn_prep<<<T, 256, 8 * hd * sizeof(float), s->st>>>(s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l],
                                                            s->vc[(size_t)l], s->d_pos, nh, nkv, hd, c->rotary_dim,
                                                            c->rope_theta, c->rms_eps);
@@ -474,10 +487,13 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         k_attn_combine<<<dim3((unsigned)nh, (unsigned)T), 256, 0, s->st>>>(s->qg, s->part, S, nh, hd, s->att);
         CKL();
     }
+    prof_mark(s, PH_ATTN_CORE);
     return matmul(s, d.o_proj, s->att, (int64_t)nh * hd, s->r, H, T, XM_PLAIN, 0, err);
 }
 
-static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
+// next_gain: the following layer's input-norm gain (its RMSNorm is fused into
+// the combine), or null after the last layer.
+static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next_gain, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
     const int E = c->n_experts, K = c->top_k, slots = T * K;
@@ -486,8 +502,9 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
     float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
     const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
     if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    prof_mark(s, PH_MOE_ROUTE); /* router + shared gate/up GEMV */
     const bool grouped = slots > 64;
-    k_topk<<<T, 256, sizeof(float) * (size_t)E, s->st>>>(s->rlog, E, K, c->norm_topk, s->topi, s->topw,
+    k_topk<<<T, 32, sizeof(float) * (size_t)E, s->st>>>(s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                                                          grouped ? s->counts : nullptr);
     CKL();
     if (!grouped) {
@@ -497,14 +514,14 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
         j.n = 2;
         j.W[0] = d.exp_gate; j.y[0] = s->gu; j.ldy[0] = 2 * I;
         j.W[1] = d.exp_up; j.y[1] = s->gu + I; j.ldy[1] = 2 * I;
-        j.start[1] = (int)((I + 7) / 8); j.start[2] = 2 * j.start[1];
+        j.start[1] = (int)((I + GEMV_ROWS - 1) / GEMV_ROWS); j.start[2] = 2 * j.start[1];
         k_gemv<XM_PLAIN><<<dim3((unsigned)j.start[2], (unsigned)slots), 256, gemv_smem(H), s->st>>>(j, s->xn, H, 0, s->topi, K);
         CKL();
         gemv_job jd;
         memset(&jd, 0, sizeof jd);
         jd.n = 1;
         jd.W[0] = d.exp_down; jd.y[0] = s->ye; jd.ldy[0] = H;
-        jd.start[1] = (int)((H + 7) / 8);
+        jd.start[1] = (int)((H + GEMV_ROWS - 1) / GEMV_ROWS);
         k_gemv<XM_SWIGLU><<<dim3((unsigned)jd.start[1], (unsigned)slots), 256, gemv_smem(I), s->st>>>(jd, s->gu, 2 * I, I, s->topi, 1);
         CKL();
     } else {
@@ -522,8 +539,9 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
         k_gemm_tc<XM_SWIGLU><<<gd, 128, 0, s->st>>>(d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
         CKL();
     }
+    prof_mark(s, PH_MOE_EXPERTS);
     if (matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
-    k_moe_combine<<<T, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H);
+    k_moe_combine<<<T, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
     return 0;
 }
@@ -539,16 +557,18 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     CKL();
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer &d = D->layers[(size_t)l];
-        k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
-        CKL();
+        if (l == 0) { /* later layers get their input norm from the previous MoE combine */
+            k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
+            CKL();
+        }
         prof_mark(s, PH_EMBED);
         if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
-        prof_mark(s, c->is_full[l] ? PH_MIXER_ATTN : PH_MIXER_GDN);
+        prof_mark(s, c->is_full[l] ? PH_ATTN_PROJ : PH_GDN_PROJ);
         k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
         CKL();
         prof_mark(s, PH_EMBED);
-        if (moe_layer(s, d, T, err) < 0) return -1;
-        prof_mark(s, PH_MOE);
+        if (moe_layer(s, d, T, l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr, err) < 0) return -1;
+        prof_mark(s, PH_MOE_SHARED);
     }
     return 0;
 }

@@ -138,11 +138,57 @@ __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *
     return acc;
 }
 
-// One token, one warp per output row, 8 rows per block; the input row is staged
-// in shared memory once per block (with SwiGLU applied when XM_SWIGLU). Expert
-// mode (topi != null): blockIdx.y is a routing slot (token slot / x_div, expert
-// topi[slot]) and the output row is the slot. Every matrix of a job has the same
-// number of columns.
+// R rows of a 4-bit matrix at once (rows r0 + k*rstride): the R 16-byte code
+// chunks of a lane are loaded together, so each lane keeps R loads in flight,
+// and the 32 staged inputs they share are read from shared memory once.
+template <int R>
+__device__ __forceinline__ void rows_dot4(const dmat &W, int64_t r0, int64_t rstride, const float *xs, int lane,
+                                          float *out) {
+    const int64_t cols = W.cols, ng = cols / W.group, nchunk = cols / 32;
+    float acc[R];
+#pragma unroll
+    for (int k = 0; k < R; k++) acc[k] = 0.0f;
+    for (int64_t i = lane; i < nchunk; i += 32) {
+        uint4 raw[R];
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int64_t r = r0 + k * rstride;
+            raw[k] = r < W.rows ? __ldg((const uint4 *)(W.q + r * (cols / 8)) + i) : make_uint4(0, 0, 0, 0);
+        }
+        const int64_t c0 = i * 32;
+        float xv[32], xsum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float4 v = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
+            xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
+            xsum += (v.x + v.y) + (v.z + v.w);
+        }
+        const int64_t g = c0 / W.group;
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int64_t r = r0 + k * rstride;
+            if (r >= W.rows) break;
+            const uint32_t wd[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+            float dq = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) dq += xv[8 * w + j] * (float)((wd[w] >> (4 * j)) & 15u);
+            acc[k] += __bfloat162float(W.s[r * ng + g]) * dq + __bfloat162float(W.b[r * ng + g]) * xsum;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < R; k++) out[k] = acc[k];
+}
+
+// One token; 8 warps per block, each warp GEMV_RPW rows (interleaved: warp w
+// takes rows w, w+8, ...), so the staged input row is shared by 8*GEMV_RPW rows.
+// The input row is staged in shared memory once per block (with SwiGLU applied
+// when XM_SWIGLU). Expert mode (topi != null): blockIdx.y is a routing slot
+// (token slot / x_div, expert topi[slot]) and the output row is the slot.
+// Every matrix of a job has the same number of columns.
+#define GEMV_RPW 4
+#define GEMV_ROWS (8 * GEMV_RPW)
 template <int XM>
 __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                               const int *topi, int x_div) {
@@ -159,11 +205,22 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
     }
     for (int64_t c = threadIdx.x; c < W.cols; c += blockDim.x) xs[xs_idx(c)] = xin<XM>(x, xoff, c);
     __syncthreads();
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)(blockIdx.x - job.start[mi]) * 8 + (threadIdx.x >> 5);
-    if (r >= W.rows) return;
-    const float v = warp_sum(row_dot(W, r, xs, lane));
-    if (lane == 0) job.y[mi][yrow * job.ldy[mi] + r] = v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t r0 = (int64_t)(blockIdx.x - job.start[mi]) * GEMV_ROWS + warp;
+    if (r0 >= W.rows) return;
+    float v[GEMV_RPW];
+    if (W.type == 0 && W.bits == 4) {
+        rows_dot4<GEMV_RPW>(W, r0, 8, xs, lane, v);
+    } else {
+#pragma unroll
+        for (int k = 0; k < GEMV_RPW; k++) v[k] = r0 + 8 * k < W.rows ? row_dot(W, r0 + 8 * k, xs, lane) : 0.0f;
+    }
+    float *y = job.y[mi] + yrow * job.ldy[mi];
+#pragma unroll
+    for (int k = 0; k < GEMV_RPW; k++) {
+        const float t = warp_sum(v[k]);
+        if (lane == 0 && r0 + 8 * k < W.rows) y[r0 + 8 * k] = t;
+    }
 }
 
 static inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
@@ -369,15 +426,30 @@ __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t
     float *Sg = ssm + (int64_t)j * DK * dv + m;
     for (int i = 0; i < DK; i++) S[i][lane] = Sg[(int64_t)i * dv];
     const int64_t VD = (int64_t)Hv * dv;
+    // Software pipeline: step t+1's inputs are loaded while step t computes.
+    float qn[DK / 32], kn[DK / 32], vn, an, bn;
+#define GDN_LOAD(tt)                                                                  \
+    do {                                                                              \
+        const float *row_ = conv_out + (int64_t)(tt) * CD;                            \
+        _Pragma("unroll") for (int u = 0; u < DK / 32; u++) {                          \
+            qn[u] = row_[(int64_t)hk * DK + u * 32 + lane];                            \
+            kn[u] = row_[KD + (int64_t)hk * DK + u * 32 + lane];                       \
+        }                                                                             \
+        vn = row_[2 * KD + (int64_t)j * dv + m];                                      \
+        an = decay[(int64_t)(tt) * Hv + j];                                           \
+        bn = beta[(int64_t)(tt) * Hv + j];                                            \
+    } while (0)
+    if (T > 0) GDN_LOAD(0);
     for (int t = 0; t < T; t++) {
-        const float *row = conv_out + (int64_t)t * CD;
-        for (int i = lane; i < DK; i += 32) {
-            qs[i] = row[(int64_t)hk * DK + i];
-            ks[i] = row[KD + (int64_t)hk * DK + i];
+#pragma unroll
+        for (int u = 0; u < DK / 32; u++) {
+            qs[u * 32 + lane] = qn[u];
+            ks[u * 32 + lane] = kn[u];
         }
+        const float v = vn, a = an, bt = bn;
         __syncwarp();
-        const float v = row[2 * KD + (int64_t)j * dv + m];
-        const float a = decay[(int64_t)t * Hv + j], bt = beta[(int64_t)t * Hv + j];
+        if (t + 1 < T) GDN_LOAD(t + 1);
+#undef GDN_LOAD
         float r0 = 0.0f, r1 = 0.0f;
 #pragma unroll 8
         for (int i = 0; i < DK; i += 2) {
@@ -401,6 +473,56 @@ __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t
         __syncwarp();
     }
     for (int i = 0; i < DK; i++) Sg[(int64_t)i * dv] = S[i][lane];
+}
+
+// Decode (one token): for v-head blockIdx.x, normalise its q/k head, the gates,
+// one recurrence step over the state in global memory (thread m owns column m:
+// r = a*S^T k read once, then S' = a*S + k d^T and o = S'^T q in a second pass),
+// and the gated RMSNorm. Replaces k_gdn_prep + k_gdn_recur + k_gated_norm.
+__global__ void k_gdn_step(const float *conv_out, int64_t KD, int Hk, int Hv, int dk, int dv, const float *bb,
+                           const float *ba, const float *A_log, const float *dt_bias, float *ssm, const float *z,
+                           const float *nw, float eps, float *o) {
+    extern __shared__ float sm[]; // q[dk], k[dk]
+    __shared__ float red[32];
+    float *qs = sm, *ks = sm + dk;
+    const int j = blockIdx.x, hk = j / (Hv / Hk), tid = threadIdx.x;
+    const float *qr = conv_out + (int64_t)hk * dk, *kr = conv_out + KD + (int64_t)hk * dk;
+    float sq = 0.0f, sk = 0.0f;
+    for (int i = tid; i < dk; i += blockDim.x) {
+        qs[i] = qr[i];
+        ks[i] = kr[i];
+        sq += qr[i] * qr[i];
+        sk += kr[i] * kr[i];
+    }
+    sq = block_sum(sq, red);
+    sk = block_sum(sk, red);
+    const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
+    for (int i = tid; i < dk; i += blockDim.x) {
+        qs[i] *= qn;
+        ks[i] *= kn;
+    }
+    __syncthreads();
+    const float beta = 1.0f / (1.0f + expf(-bb[j]));
+    const float xa = ba[j] + dt_bias[j];
+    const float a = expf(-expf(A_log[j]) * (xa > 20.0f ? xa : log1pf(expf(xa))));
+    float ov = 0.0f;
+    const int m = tid;
+    if (m < dv) {
+        float *S = ssm + (int64_t)j * dk * dv + m;
+        float r = 0.0f;
+        for (int i = 0; i < dk; i++) r += S[(int64_t)i * dv] * ks[i];
+        const float d = (conv_out[2 * KD + (int64_t)j * dv + m] - a * r) * beta;
+        for (int i = 0; i < dk; i++) {
+            const float sv = a * S[(int64_t)i * dv] + ks[i] * d;
+            S[(int64_t)i * dv] = sv;
+            ov += sv * qs[i];
+        }
+    }
+    const float ss = block_sum(m < dv ? ov * ov : 0.0f, red);
+    if (m < dv) {
+        const float inv = rsqrtf(ss / (float)dv + eps), zz = z[(int64_t)j * dv + m];
+        o[(int64_t)j * dv + m] = ov * inv * nw[m] * (zz / (1.0f + expf(-zz)));
+    }
 }
 
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
@@ -542,50 +664,44 @@ __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh
 
 // ---------------------------------------------------------------- mixture of experts
 
-// Router: softmax over all E logits (f32), top-K by repeated block argmax (ties:
-// lowest index, as the CPU reference), renormalise. counts[e] += 1 per pick.
+// Router, one warp per token: softmax over all E logits (f32), top-K by
+// repeated warp argmax (ties: lowest index, as the CPU reference), renormalise.
+// counts[e] += 1 per pick when counts is given.
 __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
     extern __shared__ float p[]; // [E]
-    __shared__ float sh[32];
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    const int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int t = blockIdx.x, lane = threadIdx.x;
     const float *lg = logits + (int64_t)t * E;
     float mx = -INFINITY;
-    for (int e = tid; e < E; e += blockDim.x) mx = fmaxf(mx, lg[e]);
-    mx = block_max(mx, sh);
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
     float sum = 0.0f;
-    for (int e = tid; e < E; e += blockDim.x) sum += (p[e] = expf(lg[e] - mx));
-    sum = block_sum(sum, sh);
-    for (int e = tid; e < E; e += blockDim.x) p[e] /= sum;
-    __syncthreads();
+    for (int e = lane; e < E; e += 32) sum += (p[e] = expf(lg[e] - mx));
+    sum = warp_sum(sum);
+    const float inv = 1.0f / sum;
+    __syncwarp();
     float tot = 0.0f;
     for (int k = 0; k < K; k++) {
         float v = -1.0f;
         int idx = 0x7fffffff;
-        for (int e = tid; e < E; e += blockDim.x)
+        for (int e = lane; e < E; e += 32)
             if (p[e] > v) { v = p[e]; idx = e; }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
             if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
         }
-        if (lane == 0) { bv[warp] = v; bi[warp] = idx; }
-        __syncthreads();
-        if (tid == 0) {
-            for (int i = 1; i < nw; i++)
-                if (bv[i] > bv[0] || (bv[i] == bv[0] && bi[i] < bi[0])) { bv[0] = bv[i]; bi[0] = bi[i]; }
-            topi[t * K + k] = bi[0];
-            topw[t * K + k] = bv[0];
-            tot += bv[0];
-            p[bi[0]] = -1.0f;
-            if (counts) atomicAdd(&counts[bi[0]], 1);
+        const float w = v * inv;
+        tot += w;
+        if (lane == 0) {
+            topi[t * K + k] = idx;
+            topw[t * K + k] = w;
+            p[idx] = -1.0f;
+            if (counts) atomicAdd(&counts[idx], 1);
         }
-        __syncthreads();
+        __syncwarp();
     }
-    if (tid == 0 && norm)
-        for (int k = 0; k < K; k++) topw[t * K + k] /= tot;
+    if (norm && lane < K) topw[t * K + lane] /= tot;
 }
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
@@ -610,16 +726,25 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
     sorted[offs[e] + atomicAdd(&cursor[e], 1)] = slot;
 }
 
-// x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual)
+// x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual),
+// then, when `gain` is given, the next layer's input RMSNorm into xn[t].
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
-                              int64_t H) {
+                              int64_t H, const float *gain, float *xn, float eps) {
+    __shared__ float red[32];
     const int t = blockIdx.x;
     const float gs = 1.0f / (1.0f + expf(-sg[t]));
+    float ss = 0.0f;
     for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
         float a = gs * shy[(int64_t)t * H + h];
         for (int k = 0; k < K; k++) a += topw[t * K + k] * ye[((int64_t)t * K + k) * H + h];
-        x[(int64_t)t * H + h] += a;
+        const float v = x[(int64_t)t * H + h] + a;
+        x[(int64_t)t * H + h] = v;
+        ss += v * v;
     }
+    if (!gain) return;
+    ss = block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)H + eps);
+    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) xn[(int64_t)t * H + h] = x[(int64_t)t * H + h] * inv * gain[h];
 }
 
 // ---------------------------------------------------------------- head
