@@ -30,7 +30,7 @@ endif
 ifneq ($(NVCC),)
 ifneq ($(CU_SRC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
-NVFLAGS := -std=c++17 -O3 -g -lineinfo -Xcompiler -Wall,-Wextra$(if $(WERROR),$(COMMA)-Werror),-fPIC \
+NVFLAGS := -std=c++17 -O3 -g -lineinfo -MMD -MP -Xcompiler -Wall,-Wextra$(if $(WERROR),$(COMMA)-Werror),-fPIC \
            -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 CFLAGS  += -DLILAC_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++

@@ -510,8 +510,10 @@ __global__ void k_gdn_step(const float *conv_out, int64_t KD, int Hk, int Hv, in
     if (m < dv) {
         float *S = ssm + (int64_t)j * dk * dv + m;
         float r = 0.0f;
+#pragma unroll 16
         for (int i = 0; i < dk; i++) r += S[(int64_t)i * dv] * ks[i];
         const float d = (conv_out[2 * KD + (int64_t)j * dv + m] - a * r) * beta;
+#pragma unroll 16
         for (int i = 0; i < dk; i++) {
             const float sv = a * S[(int64_t)i * dv] + ks[i] * d;
             S[(int64_t)i * dv] = sv;
