@@ -380,98 +380,144 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 
 // ---------------------------------------------------------------- the forward pass
 
-// y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
-static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
-                  int xm, int64_t xoff, lilac_err *err) {
-    if (T == 1) {
-        gemv_job j;
-        memset(&j, 0, sizeof j);
-        j.W[0] = W; j.y[0] = y; j.ldy[0] = ldy; j.n = 1;
-        j.start[0] = 0; j.start[1] = (int)((W.rows + GEMV_ROWS - 1) / GEMV_ROWS);
-        if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
-        else k_gemv<XM_PLAIN><<<j.start[1], 256, gemv_smem(W.cols), s->st>>>(j, x, ldx, xoff, nullptr, 1);
-    } else {
-        dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
-        if (xm == XM_SWIGLU) k_gemm_tc<XM_SWIGLU><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
-        else k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
-    }
+// One GEMV launch for a job (see gemv_job); `slots` > 0: expert mode over topi.
+static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
+                int x_div, int slots, lilac_err *err) {
+    for (int i = 0; i < j.n; i++) j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + GEMV_ROWS - 1) / GEMV_ROWS);
+    const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
+    const size_t sm = gemv_smem(j.W[0].cols);
+    if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
+    else if (xm == XM_NORM) k_gemv<XM_NORM><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
+    else k_gemv<XM_PLAIN><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
     CKL();
     return 0;
 }
 
-// Several matrices over the same input (same columns): one GEMV launch for a
-// single token, one GEMM each otherwise.
-static int matmul_multi(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, const float *x,
-                        int64_t ldx, int T, lilac_err *err) {
-    if (T > 1) {
-        for (int i = 0; i < n; i++)
-            if (matmul(s, W[i], x, ldx, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
-        return 0;
-    }
+static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy) {
     gemv_job j;
     memset(&j, 0, sizeof j);
     j.n = n;
-    for (int i = 0; i < n; i++) {
-        j.W[i] = W[i]; j.y[i] = y[i]; j.ldy[i] = ldy[i];
-        j.start[i + 1] = j.start[i] + (int)((W[i].rows + GEMV_ROWS - 1) / GEMV_ROWS);
+    for (int i = 0; i < n; i++) { j.W[i] = W[i]; j.y[i] = y[i]; j.ldy[i] = ldy[i]; }
+    return j;
+}
+
+// y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
+// accum (one token only): y += W x.
+static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
+                  int xm, int64_t xoff, lilac_err *err, int accum = 0) {
+    if (T == 1) {
+        gemv_job j = job_of(1, &W, &y, &ldy);
+        j.accum[0] = accum;
+        return gemv(s, j, xm, x, ldx, xoff, nullptr, 1, 0, err);
     }
-    k_gemv<XM_PLAIN><<<j.start[n], 256, gemv_smem(W[0].cols), s->st>>>(j, x, ldx, 0, nullptr, 1);
+    dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
+    if (xm == XM_SWIGLU) k_gemm_tc<XM_SWIGLU><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+    else k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+    CKL();
+    return 0;
+}
+
+// The matrices that read a layer's normalised input. One token: a single GEMV
+// launch that normalises the residual stream s->x itself (gain; xn_out receives
+// the normalised row when later kernels need it). Several tokens: s->xn holds
+// the normalised rows already, one GEMM per matrix.
+static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, int T,
+                      const float *gain, float *xn_out, lilac_err *err) {
+    const int64_t H = s->m->cfg.hidden;
+    if (T > 1) {
+        for (int i = 0; i < n; i++)
+            if (matmul(s, W[i], s->xn, H, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
+        return 0;
+    }
+    gemv_job j = job_of(n, W, y, ldy);
+    j.gain = gain;
+    j.xn_out = xn_out;
+    j.eps = s->m->cfg.rms_eps;
+    return gemv(s, j, XM_NORM, s->x, H, 0, nullptr, 1, 0, err);
+}
+
+// Mixer output: one token adds it to the residual stream in the GEMV itself;
+// several tokens write s->r (added by the following k_add_rmsnorm).
+static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ldx, int T, lilac_err *err) {
+    const int64_t H = s->m->cfg.hidden;
+    return T == 1 ? matmul(s, W, x, ldx, s->x, H, 1, XM_PLAIN, 0, err, 1) : matmul(s, W, x, ldx, s->r, H, T, XM_PLAIN, 0, err);
+}
+
+static int conv_launch(lilac_session *s, const float *w, float *state, int T, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t CD = cfg_conv_dim(c);
+    const unsigned g = (unsigned)((CD + 127) / 128);
+    switch (c->conv_kernel) {
+    case 2: k_conv<2><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 3: k_conv<3><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 4: k_conv<4><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 5: k_conv<5><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 6: k_conv<6><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 7: k_conv<7><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    default: k_conv<8><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    }
     CKL();
     return 0;
 }
 
 static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
-    const int64_t H = c->hidden, CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
+    const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
     const int Hv = c->lin_v_heads;
     const dmat W[4] = {d.in_qkv, d.in_z, d.in_b, d.in_a};
     float *const Y[4] = {s->qkv, s->z, s->bb, s->ba};
     const int64_t LD[4] = {CD, VD, Hv, Hv};
-    if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    if (input_mats(s, 4, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_GDN_PROJ);
-    k_conv<<<(unsigned)((CD + 127) / 128), 128, 0, s->st>>>(s->qkv, s->conv_state[(size_t)l], d.conv, s->conv_out, T, CD,
-                                                            c->conv_kernel);
-    CKL();
-    if (T == 1) {
-        k_gdn_step<<<Hv, c->lin_v_dim, 2 * sizeof(float) * (size_t)c->lin_k_dim, s->st>>>(
-            s->conv_out, KD, c->lin_k_heads, Hv, c->lin_k_dim, c->lin_v_dim, s->bb, s->ba, d.A_log, d.dt_bias,
-            s->ssm[(size_t)l], s->z, d.gdn_norm, c->rms_eps, s->o);
+    if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, err) < 0) return -1;
+    if (T == 1 && c->lin_v_dim * GDN_G <= 512) {
+        const unsigned threads = (unsigned)(c->lin_v_dim * GDN_G);
+        const size_t sm = sizeof(float) * GDN_G * (size_t)c->lin_v_dim;
+#define STEP(KPT) k_gdn_step<KPT><<<Hv, threads, sm, s->st>>>(s->conv_out, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->bb, \
+                                                           s->ba, d.A_log, d.dt_bias, s->ssm[(size_t)l], s->z,        \
+                                                           d.gdn_norm, c->rms_eps, s->o)
+        switch (c->lin_k_dim) {
+        case 32: STEP(8); break;
+        case 64: STEP(16); break;
+        case 128: STEP(32); break;
+        default: STEP(64); break;
+        }
+#undef STEP
         CKL();
-        prof_mark(s, PH_GDN_CORE);
-        return matmul(s, d.out_proj, s->o, VD, s->r, H, T, XM_PLAIN, 0, err);
-    }
-    k_gdn_prep<<<T, 256, 0, s->st>>>(s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
-                                     d.A_log, d.dt_bias, Hv, s->beta, s->decay);
-    CKL();
-    dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
+    } else {
+        k_gdn_prep<<<T, 256, 0, s->st>>>(s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
+                                         d.A_log, d.dt_bias, Hv, s->beta, s->decay);
+        CKL();
+        dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
 #define RECUR(DK) k_gdn_recur<DK><<<g, 32, 0, s->st>>>(s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
                                                       s->decay, s->ssm[(size_t)l], s->o, T)
-    switch (c->lin_k_dim) {
-    case 32: RECUR(32); break;
-    case 64: RECUR(64); break;
-    case 128: RECUR(128); break;
-    default: RECUR(256); break;
-    }
+        switch (c->lin_k_dim) {
+        case 32: RECUR(32); break;
+        case 64: RECUR(64); break;
+        case 128: RECUR(128); break;
+        default: RECUR(256); break;
+        }
 #undef RECUR
-    CKL();
-    k_gated_norm<<<dim3((unsigned)T, (unsigned)Hv), 32, 0, s->st>>>(s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
-    CKL();
+        CKL();
+        k_gated_norm<<<dim3((unsigned)T, (unsigned)Hv), 32, 0, s->st>>>(s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
+        CKL();
+    }
     prof_mark(s, PH_GDN_CORE);
-    return matmul(s, d.out_proj, s->o, VD, s->r, H, T, XM_PLAIN, 0, err);
+    return mixer_out(s, d.out_proj, s->o, VD, T, err);
 }
 
 static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
-    const int64_t H = c->hidden, kvw = (int64_t)nkv * hd;
+    const int64_t kvw = (int64_t)nkv * hd;
     const dmat W[3] = {d.q_proj, d.k_proj, d.v_proj};
     float *const Y[3] = {s->qg, s->kx, s->vx};
     const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
-    if (matmul_multi(s, 3, W, Y, LD, s->xn, H, T, err) < 0) return -1;
+    if (input_mats(s, 3, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_ATTN_PROJ);
-    k_attn_prep<<<T, 256, 8 * hd * sizeof(float), s->st>>>(s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l],
-                                                           s->vc[(size_t)l], s->d_pos, nh, nkv, hd, c->rotary_dim,
-                                                           c->rope_theta, c->rms_eps);
+    k_attn_prep<<<dim3((unsigned)T, (unsigned)(nh + nkv)), 32, hd * sizeof(float), s->st>>>(
+        s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, hd,
+        c->rotary_dim, c->rope_theta, c->rms_eps);
     CKL();
     const int S = T == 1 ? ATT_SPLITS : 1;
     dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
@@ -488,42 +534,37 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         CKL();
     }
     prof_mark(s, PH_ATTN_CORE);
-    return matmul(s, d.o_proj, s->att, (int64_t)nh * hd, s->r, H, T, XM_PLAIN, 0, err);
+    return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
 }
 
-// next_gain: the following layer's input-norm gain (its RMSNorm is fused into
-// the combine), or null after the last layer.
+// next_gain (several tokens): the following layer's input-norm gain, fused into
+// the combine; null after the last layer and for one token (whose next GEMV
+// normalises the residual stream itself).
 static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next_gain, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
     const int E = c->n_experts, K = c->top_k, slots = T * K;
-    // Router logits, shared expert gate/up and its scalar gate: all read xn.
+    // Router logits, shared expert gate/up and its scalar gate: all read the
+    // post-attention-normalised input (one token: normalised here, kept in xn).
     const dmat W[4] = {d.router, d.sh_gate, d.sh_up, d.sh_expert_gate};
     float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
     const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
-    if (matmul_multi(s, 4, W, Y, LD, s->xn, H, T, err) < 0) return -1;
-    prof_mark(s, PH_MOE_ROUTE); /* router + shared gate/up GEMV */
+    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
+    prof_mark(s, PH_MOE_ROUTE);
     const bool grouped = slots > 64;
     k_topk<<<T, 32, sizeof(float) * (size_t)E, s->st>>>(s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                                                          grouped ? s->counts : nullptr);
     CKL();
     if (!grouped) {
-        // Decode: gather-GEMV over the routed slots, expert ids read on the device.
-        gemv_job j;
-        memset(&j, 0, sizeof j);
-        j.n = 2;
-        j.W[0] = d.exp_gate; j.y[0] = s->gu; j.ldy[0] = 2 * I;
-        j.W[1] = d.exp_up; j.y[1] = s->gu + I; j.ldy[1] = 2 * I;
-        j.start[1] = (int)((I + GEMV_ROWS - 1) / GEMV_ROWS); j.start[2] = 2 * j.start[1];
-        k_gemv<XM_PLAIN><<<dim3((unsigned)j.start[2], (unsigned)slots), 256, gemv_smem(H), s->st>>>(j, s->xn, H, 0, s->topi, K);
-        CKL();
-        gemv_job jd;
-        memset(&jd, 0, sizeof jd);
-        jd.n = 1;
-        jd.W[0] = d.exp_down; jd.y[0] = s->ye; jd.ldy[0] = H;
-        jd.start[1] = (int)((H + GEMV_ROWS - 1) / GEMV_ROWS);
-        k_gemv<XM_SWIGLU><<<dim3((unsigned)jd.start[1], (unsigned)slots), 256, gemv_smem(I), s->st>>>(jd, s->gu, 2 * I, I, s->topi, 1);
-        CKL();
+        // Few tokens: gather-GEMV over the routed slots, expert ids read on the device.
+        const dmat Wg[2] = {d.exp_gate, d.exp_up};
+        float *const Yg[2] = {s->gu, s->gu + I};
+        const int64_t LDg[2] = {2 * I, 2 * I};
+        gemv_job j = job_of(2, Wg, Yg, LDg);
+        if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
+        float *ye = s->ye;
+        gemv_job jd = job_of(1, &d.exp_down, &ye, &H);
+        if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
         k_moe_scan<<<1, 32, 0, s->st>>>(s->counts, E, s->offs, s->cursor);
@@ -541,33 +582,41 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
     }
     prof_mark(s, PH_MOE_EXPERTS);
     if (matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
-    k_moe_combine<<<T, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
+    const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H + 255) / 256));
+    k_moe_combine<<<gc, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
     return 0;
 }
 
 // The layers for T tokens whose ids are in d_ids and whose first position is *d_pos.
+// Several tokens: explicit RMSNorm kernels (the first, and the post-mixer ones
+// that also add the mixer output) and norms fused into the MoE combine. One
+// token: every norm is computed by the GEMV that consumes it, and mixer outputs
+// are accumulated straight into the residual stream.
 static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const lilac_model *m = s->m;
     const lilac_config *c = &m->cfg;
     const int64_t H = c->hidden;
     dmodel *D = s->D;
     prof_mark(s, PH_EMBED);
-    k_embed<<<T, 256, 0, s->st>>>(D->embed, s->d_ids, s->x);
+    k_embed<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, s->st>>>(D->embed, s->d_ids, s->x);
     CKL();
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer &d = D->layers[(size_t)l];
-        if (l == 0) { /* later layers get their input norm from the previous MoE combine */
+        if (l == 0 && T > 1) {
             k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
             CKL();
         }
         prof_mark(s, PH_EMBED);
         if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
         prof_mark(s, c->is_full[l] ? PH_ATTN_PROJ : PH_GDN_PROJ);
-        k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
-        CKL();
+        if (T > 1) {
+            k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
+            CKL();
+        }
         prof_mark(s, PH_EMBED);
-        if (moe_layer(s, d, T, l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr, err) < 0) return -1;
+        const float *next = T > 1 && l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr;
+        if (moe_layer(s, d, T, next, err) < 0) return -1;
         prof_mark(s, PH_MOE_SHARED);
     }
     return 0;
@@ -576,6 +625,14 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
 // Final norm + lm_head for rows [row0, row0+n) of x into s->logits.
 static int head(lilac_session *s, int row0, int n, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
+    if (n == 1) {
+        float *y = s->logits;
+        const int64_t ld = c->vocab;
+        gemv_job j = job_of(1, &s->D->lm_head, &y, &ld);
+        j.gain = s->D->final_norm;
+        j.eps = c->rms_eps;
+        return gemv(s, j, XM_NORM, s->x + (int64_t)row0 * c->hidden, c->hidden, 0, nullptr, 1, 0, err);
+    }
     k_add_rmsnorm<<<n, 256, 0, s->st>>>(s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
     CKL();
     return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits, c->vocab, n, XM_PLAIN, 0, err);

@@ -8,24 +8,23 @@
 
 // ---------------------------------------------------------------- embedding / norms
 
-// x[t] = dequantised row ids[t] of the embedding.
+// x[t] = dequantised row ids[t] of the embedding. Grid (T, column blocks).
 __global__ void k_embed(dmat E, const int *ids, float *x) {
     const int t = blockIdx.x;
-    const int64_t row = ids[t], H = E.cols;
+    const int64_t row = ids[t], H = E.cols, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= H) return;
     float *xo = x + (int64_t)t * H;
     if (E.type == 1) {
-        for (int64_t c = threadIdx.x; c < H; c += blockDim.x) xo[c] = __bfloat162float(E.w[row * H + c]);
+        xo[c] = __bfloat162float(E.w[row * H + c]);
         return;
     }
     const int per_word = 32 / E.bits;
     const uint32_t mask = (1u << E.bits) - 1u;
     const int64_t wpr = H / per_word, ng = H / E.group;
-    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) {
-        uint32_t w = E.q[row * wpr + c / per_word];
-        float q = (float)((w >> ((c % per_word) * E.bits)) & mask);
-        int64_t g = row * ng + c / E.group;
-        xo[c] = __bfloat162float(E.s[g]) * q + __bfloat162float(E.b[g]);
-    }
+    const uint32_t w = E.q[row * wpr + c / per_word];
+    const float q = (float)((w >> ((c % per_word) * E.bits)) & mask);
+    const int64_t g = row * ng + c / E.group;
+    xo[c] = __bfloat162float(E.s[g]) * q + __bfloat162float(E.b[g]);
 }
 
 // Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
@@ -48,25 +47,31 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
 
 // ---------------------------------------------------------------- matrix-vector (decode)
 
-enum { XM_PLAIN = 0, XM_SWIGLU = 1 };
+enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
 
 #define GEMV_MATS 4
 
 // Up to GEMV_MATS matrices that read the same input, in one launch: blocks
-// [start[i], start[i+1]) compute matrix i. Output row r of token t goes to
-// y[i][t*ldy[i] + r].
+// [start[i], start[i+1]) compute matrix i. Output row r goes to y[i][ldy[i]*slot + r],
+// added to what is there when accum[i] (the residual stream: one warp owns a row,
+// so no two writers meet). XM_NORM: the input is rmsnorm(x) * gain, computed by
+// every block while staging; block (0,0) also writes it to xn_out when given.
 struct gemv_job {
     dmat W[GEMV_MATS];
     float *y[GEMV_MATS];
     int64_t ldy[GEMV_MATS];
+    int accum[GEMV_MATS];
     int start[GEMV_MATS + 1];
     int n;
+    const float *gain;
+    float *xn_out;
+    float eps;
 };
 
 // Input element c: plain x[c], or silu(x[c]) * x[xoff + c].
 template <int XM>
 __device__ __forceinline__ float xin(const float *xt, int64_t xoff, int64_t c) {
-    if (XM == XM_PLAIN) return xt[c];
+    if (XM != XM_SWIGLU) return xt[c];
     float g = xt[c];
     return g / (1.0f + expf(-g)) * xt[xoff + c];
 }
@@ -76,8 +81,8 @@ __device__ __forceinline__ float xin(const float *xt, int64_t xoff, int64_t c) {
 // distinct banks.
 __device__ __forceinline__ int xs_idx(int64_t c) { return (int)((c >> 5) * 36 + (c & 31)); }
 
-// Dot of one weight row with the staged input, one warp, lanes over 16-byte
-// chunks of the row (coalesced), f32 accumulation.
+// Dot of one bf16 or 8-bit weight row with the staged input, one warp, lanes
+// over 16-byte chunks of the row (coalesced), f32 accumulation.
 __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *xs, int lane) {
     const int64_t cols = W.cols;
     float acc = 0.0f;
@@ -95,28 +100,6 @@ __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *
     }
     const int64_t ng = cols / W.group;
     const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
-    if (W.bits == 4) { // 32 columns per 16 bytes
-        const uint4 *qr = (const uint4 *)(W.q + r * (cols / 8));
-#pragma unroll 2
-        for (int64_t i = lane; i < cols / 32; i += 32) {
-            const uint4 raw = __ldg(qr + i);
-            const int64_t c0 = i * 32;
-            const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
-            const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
-            float dq = 0.0f, xsum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * k)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * k + 4));
-                const uint32_t w = wd[k];
-                dq += xa.x * (float)(w & 15) + xa.y * (float)((w >> 4) & 15) + xa.z * (float)((w >> 8) & 15) +
-                      xa.w * (float)((w >> 12) & 15) + xb.x * (float)((w >> 16) & 15) + xb.y * (float)((w >> 20) & 15) +
-                      xb.z * (float)((w >> 24) & 15) + xb.w * (float)(w >> 28);
-                xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
-            }
-            acc += s * dq + b * xsum;
-        }
-        return acc;
-    }
     // 8-bit: 16 columns per 16 bytes
     const uint4 *qr = (const uint4 *)(W.q + r * (cols / 4));
     for (int64_t i = lane; i < cols / 16; i += 32) {
@@ -138,61 +121,38 @@ __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *
     return acc;
 }
 
-// R rows of a 4-bit matrix at once (rows r0 + k*rstride): the R 16-byte code
-// chunks of a lane are loaded together, so each lane keeps R loads in flight,
-// and the 32 staged inputs they share are read from shared memory once.
-template <int R>
-__device__ __forceinline__ void rows_dot4(const dmat &W, int64_t r0, int64_t rstride, const float *xs, int lane,
-                                          float *out) {
-    const int64_t cols = W.cols, ng = cols / W.group, nchunk = cols / 32;
-    float acc[R];
+// 32 staged inputs times one 16-byte chunk of 4-bit codes (32 weights), with the
+// group's scale and bias: s * sum(x q) + b * sum(x).
+__device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t c0, float s, float b) {
+    const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+    float dq = 0.0f, xsum = 0.0f;
 #pragma unroll
-    for (int k = 0; k < R; k++) acc[k] = 0.0f;
-    for (int64_t i = lane; i < nchunk; i += 32) {
-        uint4 raw[R];
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const int64_t r = r0 + k * rstride;
-            raw[k] = r < W.rows ? __ldg((const uint4 *)(W.q + r * (cols / 8)) + i) : make_uint4(0, 0, 0, 0);
-        }
-        const int64_t c0 = i * 32;
-        float xv[32], xsum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float4 v = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
-            xv[4 * k] = v.x; xv[4 * k + 1] = v.y; xv[4 * k + 2] = v.z; xv[4 * k + 3] = v.w;
-            xsum += (v.x + v.y) + (v.z + v.w);
-        }
-        const int64_t g = c0 / W.group;
-#pragma unroll
-        for (int k = 0; k < R; k++) {
-            const int64_t r = r0 + k * rstride;
-            if (r >= W.rows) break;
-            const uint32_t wd[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
-            float dq = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; w++)
-#pragma unroll
-                for (int j = 0; j < 8; j++) dq += xv[8 * w + j] * (float)((wd[w] >> (4 * j)) & 15u);
-            acc[k] += __bfloat162float(W.s[r * ng + g]) * dq + __bfloat162float(W.b[r * ng + g]) * xsum;
-        }
+    for (int w = 0; w < 4; w++) {
+        const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * w)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * w + 4));
+        const uint32_t q = wd[w];
+        dq += xa.x * (float)(q & 15u) + xa.y * (float)((q >> 4) & 15u) + xa.z * (float)((q >> 8) & 15u) +
+              xa.w * (float)((q >> 12) & 15u) + xb.x * (float)((q >> 16) & 15u) + xb.y * (float)((q >> 20) & 15u) +
+              xb.z * (float)((q >> 24) & 15u) + xb.w * (float)(q >> 28);
+        xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
     }
-#pragma unroll
-    for (int k = 0; k < R; k++) out[k] = acc[k];
+    return s * dq + b * xsum;
 }
 
-// One token; 8 warps per block, each warp GEMV_RPW rows (interleaved: warp w
-// takes rows w, w+8, ...), so the staged input row is shared by 8*GEMV_RPW rows.
-// The input row is staged in shared memory once per block (with SwiGLU applied
-// when XM_SWIGLU). Expert mode (topi != null): blockIdx.y is a routing slot
+// One token; 8 warps per block, each warp GEMV_RPW rows (warp w takes rows w,
+// w+8, ...), so one staged input row serves 8*GEMV_RPW rows. For 4-bit rows the
+// first two 16-byte chunks per lane of every row (all of a 2048-column row) and
+// their scales are loaded before the input is staged, so the weight stream and
+// the staging overlap. Expert mode (topi != null): blockIdx.y is a routing slot
 // (token slot / x_div, expert topi[slot]) and the output row is the slot.
 // Every matrix of a job has the same number of columns.
 #define GEMV_RPW 4
 #define GEMV_ROWS (8 * GEMV_RPW)
+#define GEMV_PF 2
 template <int XM>
 __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                               const int *topi, int x_div) {
     extern __shared__ float xs[];
+    __shared__ float red[32];
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
@@ -203,14 +163,62 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
         x += (int64_t)(slot / x_div) * ldx;
         yrow = slot;
     }
-    for (int64_t c = threadIdx.x; c < W.cols; c += blockDim.x) xs[xs_idx(c)] = xin<XM>(x, xoff, c);
-    __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t r0 = (int64_t)(blockIdx.x - job.start[mi]) * GEMV_ROWS + warp;
+    const int64_t cols = W.cols, nchunk = cols / 32, ng = cols / W.group;
+    const bool q4 = W.type == 0 && W.bits == 4;
+    uint4 pf[GEMV_PF][GEMV_RPW];
+    float ps[GEMV_PF][GEMV_RPW], pb[GEMV_PF][GEMV_RPW];
+    if (q4) {
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++)
+#pragma unroll
+            for (int k = 0; k < GEMV_RPW; k++) {
+                const int64_t r = r0 + 8 * k, i = lane + 32 * u;
+                const bool ok = r < W.rows && i < nchunk;
+                pf[u][k] = ok ? __ldg((const uint4 *)(W.q + r * (cols / 8)) + i) : make_uint4(0, 0, 0, 0);
+                const int64_t g = r * ng + i * 32 / W.group;
+                ps[u][k] = ok ? __bfloat162float(W.s[g]) : 0.0f;
+                pb[u][k] = ok ? __bfloat162float(W.b[g]) : 0.0f;
+            }
+    }
+    float inv = 1.0f;
+    if (XM == XM_NORM) {
+        float ss = 0.0f;
+        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+        inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
+    }
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = xin<XM>(x, xoff, c);
+        if (XM == XM_NORM) {
+            v *= inv * job.gain[c];
+            if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) job.xn_out[c] = v;
+        }
+        xs[xs_idx(c)] = v;
+    }
+    __syncthreads();
     if (r0 >= W.rows) return;
     float v[GEMV_RPW];
-    if (W.type == 0 && W.bits == 4) {
-        rows_dot4<GEMV_RPW>(W, r0, 8, xs, lane, v);
+    if (q4) {
+#pragma unroll
+        for (int k = 0; k < GEMV_RPW; k++) v[k] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < GEMV_PF; u++) {
+            const int64_t i = lane + 32 * u;
+            if (i < nchunk)
+#pragma unroll
+                for (int k = 0; k < GEMV_RPW; k++) v[k] += chunk_dot4(pf[u][k], xs, i * 32, ps[u][k], pb[u][k]);
+        }
+        for (int64_t i = lane + 32 * GEMV_PF; i < nchunk; i += 32) { // rows wider than 2048 columns
+#pragma unroll
+            for (int k = 0; k < GEMV_RPW; k++) {
+                const int64_t r = r0 + 8 * k;
+                if (r >= W.rows) break;
+                const int64_t g = r * ng + i * 32 / W.group;
+                v[k] += chunk_dot4(__ldg((const uint4 *)(W.q + r * (cols / 8)) + i), xs, i * 32,
+                                   __bfloat162float(W.s[g]), __bfloat162float(W.b[g]));
+            }
+        }
     } else {
 #pragma unroll
         for (int k = 0; k < GEMV_RPW; k++) v[k] = r0 + 8 * k < W.rows ? row_dot(W, r0 + 8 * k, xs, lane) : 0.0f;
@@ -219,7 +227,10 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
 #pragma unroll
     for (int k = 0; k < GEMV_RPW; k++) {
         const float t = warp_sum(v[k]);
-        if (lane == 0 && r0 + 8 * k < W.rows) y[r0 + 8 * k] = t;
+        if (lane == 0 && r0 + 8 * k < W.rows) {
+            if (job.accum[mi]) y[r0 + 8 * k] += t;
+            else y[r0 + 8 * k] = t;
+        }
     }
 }
 
@@ -373,20 +384,26 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // ---------------------------------------------------------------- Gated DeltaNet
 
 // Causal depthwise conv over [state | qkv] then SiLU; the state keeps the last
-// K-1 raw inputs. One thread per channel.
-__global__ void k_conv(const float *qkv, float *state, const float *w, float *out, int T, int64_t CD, int K) {
+// K-1 raw inputs. One thread per channel; the window lives in registers (K <= 8).
+template <int K>
+__global__ void k_conv(const float *qkv, float *state, const float *w, float *out, int T, int64_t CD) {
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CD) return;
-    float win[16];
+    float win[K], wc[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) wc[k] = w[ch * K + k];
+#pragma unroll
     for (int k = 0; k < K - 1; k++) win[k] = state[k * CD + ch];
-    const float *wc = w + ch * K;
     for (int t = 0; t < T; t++) {
         win[K - 1] = qkv[(int64_t)t * CD + ch];
         float acc = 0.0f;
+#pragma unroll
         for (int k = 0; k < K; k++) acc += wc[k] * win[k];
         out[(int64_t)t * CD + ch] = acc / (1.0f + expf(-acc));
+#pragma unroll
         for (int k = 0; k < K - 1; k++) win[k] = win[k + 1];
     }
+#pragma unroll
     for (int k = 0; k < K - 1; k++) state[k * CD + ch] = win[k];
 }
 
@@ -476,54 +493,65 @@ __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t
 }
 
 // Decode (one token): for v-head blockIdx.x, normalise its q/k head, the gates,
-// one recurrence step over the state in global memory (thread m owns column m:
-// r = a*S^T k read once, then S' = a*S + k d^T and o = S'^T q in a second pass),
-// and the gated RMSNorm. Replaces k_gdn_prep + k_gdn_recur + k_gated_norm.
-__global__ void k_gdn_step(const float *conv_out, int64_t KD, int Hk, int Hv, int dk, int dv, const float *bb,
-                           const float *ba, const float *A_log, const float *dt_bias, float *ssm, const float *z,
-                           const float *nw, float eps, float *o) {
-    extern __shared__ float sm[]; // q[dk], k[dk]
-    __shared__ float red[32];
-    float *qs = sm, *ks = sm + dk;
-    const int j = blockIdx.x, hk = j / (Hv / Hk), tid = threadIdx.x;
+// one recurrence step, and the gated RMSNorm. Block = dv x G threads: thread
+// (m, g) keeps keys [g*KPT, (g+1)*KPT) of state column m in registers, so the
+// whole state slice is loaded in one round trip; partial sums meet in shared
+// memory. Replaces k_gdn_prep + k_gdn_recur + k_gated_norm for T = 1.
+#define GDN_G 4
+template <int KPT>
+__global__ void __launch_bounds__(512) k_gdn_step(const float *conv_out, int64_t KD, int Hk, int Hv, int dv,
+                                                   const float *bb, const float *ba, const float *A_log,
+                                                   const float *dt_bias, float *ssm, const float *z, const float *nw,
+                                                   float eps, float *o) {
+    constexpr int dk = KPT * GDN_G;
+    __shared__ float qs[dk], ks[dk], red[32];
+    extern __shared__ float part[]; // [GDN_G][dv]
+    const int j = blockIdx.x, hk = j / (Hv / Hk), tid = threadIdx.x, m = tid % dv, g = tid / dv;
+    float *S = ssm + ((int64_t)j * dk + g * KPT) * dv + m;
+    float sv[KPT];
+#pragma unroll
+    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
     const float *qr = conv_out + (int64_t)hk * dk, *kr = conv_out + KD + (int64_t)hk * dk;
     float sq = 0.0f, sk = 0.0f;
     for (int i = tid; i < dk; i += blockDim.x) {
-        qs[i] = qr[i];
-        ks[i] = kr[i];
-        sq += qr[i] * qr[i];
-        sk += kr[i] * kr[i];
+        const float a = qr[i], b = kr[i];
+        qs[i] = a;
+        ks[i] = b;
+        sq += a * a;
+        sk += b * b;
     }
     sq = block_sum(sq, red);
     sk = block_sum(sk, red);
     const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
-    for (int i = tid; i < dk; i += blockDim.x) {
-        qs[i] *= qn;
-        ks[i] *= kn;
-    }
-    __syncthreads();
     const float beta = 1.0f / (1.0f + expf(-bb[j]));
     const float xa = ba[j] + dt_bias[j];
     const float a = expf(-expf(A_log[j]) * (xa > 20.0f ? xa : log1pf(expf(xa))));
+    float r = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) r += sv[i] * ks[g * KPT + i];
+    part[g * dv + m] = r * kn;
+    __syncthreads();
+    float rt = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < GDN_G; gg++) rt += part[gg * dv + m];
+    const float d = (conv_out[2 * KD + (int64_t)j * dv + m] - a * rt) * beta;
     float ov = 0.0f;
-    const int m = tid;
-    if (m < dv) {
-        float *S = ssm + (int64_t)j * dk * dv + m;
-        float r = 0.0f;
-#pragma unroll 16
-        for (int i = 0; i < dk; i++) r += S[(int64_t)i * dv] * ks[i];
-        const float d = (conv_out[2 * KD + (int64_t)j * dv + m] - a * r) * beta;
-#pragma unroll 16
-        for (int i = 0; i < dk; i++) {
-            const float sv = a * S[(int64_t)i * dv] + ks[i] * d;
-            S[(int64_t)i * dv] = sv;
-            ov += sv * qs[i];
-        }
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        sv[i] = a * sv[i] + ks[g * KPT + i] * kn * d;
+        S[(int64_t)i * dv] = sv[i];
+        ov += sv[i] * qs[g * KPT + i];
     }
-    const float ss = block_sum(m < dv ? ov * ov : 0.0f, red);
-    if (m < dv) {
+    __syncthreads();
+    part[g * dv + m] = ov * qn;
+    __syncthreads();
+    float ot = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < GDN_G; gg++) ot += part[gg * dv + m];
+    const float ss = block_sum(g == 0 ? ot * ot : 0.0f, red);
+    if (g == 0) {
         const float inv = rsqrtf(ss / (float)dv + eps), zz = z[(int64_t)j * dv + m];
-        o[(int64_t)j * dv + m] = ov * inv * nw[m] * (zz / (1.0f + expf(-zz)));
+        o[(int64_t)j * dv + m] = ot * inv * nw[m] * (zz / (1.0f + expf(-zz)));
     }
 }
 
@@ -543,42 +571,39 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 
 // ---------------------------------------------------------------- gated attention
 
-// Per token: q_norm + RoPE on every query head (in place), k_norm + RoPE on the
-// key heads and both k and v into the cache at position pos + t.
+// q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
+// head h - nh and both k and v into the cache at position pos + t. Grid (T,
+// nh + nkv), one warp each.
 __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
                             float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, double theta, float eps) {
-    extern __shared__ float buf[]; // [warps][hd]
-    const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    extern __shared__ float sb[]; // [hd]
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
-    float *sb = buf + warp * hd;
-    for (int h = warp; h < nh + nkv; h += nw) {
-        const bool isq = h < nh;
-        const float *src = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kx + t * kvw + (int64_t)(h - nh) * hd;
-        float *dst = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kc + p * kvw + (int64_t)(h - nh) * hd;
-        const float *g = isq ? qn : kn;
-        float ss = 0.0f;
-        for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
-        ss = warp_sum(ss);
-        const float inv = rsqrtf(ss / (float)hd + eps);
-        for (int i = lane; i < hd; i += 32) sb[i] = src[i] * inv * g[i];
-        __syncwarp();
-        const int half = rd / 2;
-        for (int i = lane; i < hd; i += 32) {
-            float v = sb[i];
-            if (i < rd) {
-                const int fi = i < half ? i : i - half;
-                const float inv_freq = (float)pow(theta, -2.0 * fi / rd);
-                float sn, cs;
-                sincosf((float)p * inv_freq, &sn, &cs);
-                v = i < half ? sb[i] * cs - sb[i + half] * sn : sb[i] * cs + sb[i - half] * sn;
-            }
-            dst[i] = v;
+    const bool isq = h < nh;
+    const float *src = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kx + t * kvw + (int64_t)(h - nh) * hd;
+    float *dst = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kc + p * kvw + (int64_t)(h - nh) * hd;
+    const float *g = isq ? qn : kn;
+    float ss = 0.0f;
+    for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)hd + eps);
+    for (int i = lane; i < hd; i += 32) sb[i] = src[i] * inv * g[i];
+    __syncwarp();
+    const int half = rd / 2;
+    for (int i = lane; i < hd; i += 32) {
+        float v = sb[i];
+        if (i < rd) {
+            const int fi = i < half ? i : i - half;
+            const float inv_freq = (float)pow(theta, -2.0 * fi / rd);
+            float sn, cs;
+            sincosf((float)p * inv_freq, &sn, &cs);
+            v = i < half ? sb[i] * cs - sb[i + half] * sn : sb[i] * cs + sb[i - half] * sn;
         }
-        __syncwarp();
-        if (!isq)
-            for (int i = lane; i < hd; i += 32)
-                vc[p * kvw + (int64_t)(h - nh) * hd + i] = vx[t * kvw + (int64_t)(h - nh) * hd + i];
+        dst[i] = v;
     }
+    if (!isq)
+        for (int i = lane; i < hd; i += 32)
+            vc[p * kvw + (int64_t)(h - nh) * hd + i] = vx[t * kvw + (int64_t)(h - nh) * hd + i];
 }
 
 // Causal attention of token t, head h over keys [0, pos + t], split over
@@ -647,8 +672,10 @@ __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
     float M = -INFINITY;
+#pragma unroll 8
     for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2) + hd]);
     float L = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < S; s++) {
         const float m = pp[s * (hd + 2) + hd];
         if (m != -INFINITY) L += pp[s * (hd + 2) + hd + 1] * expf(m - M);
@@ -656,6 +683,7 @@ __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh
     const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < S; s++) {
             const float m = pp[s * (hd + 2) + hd];
             if (m != -INFINITY) a += pp[s * (hd + 2) + d] * expf(m - M);
@@ -728,15 +756,16 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
     sorted[offs[e] + atomicAdd(&cursor[e], 1)] = slot;
 }
 
-// x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual),
-// then, when `gain` is given, the next layer's input RMSNorm into xn[t].
+// x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual).
+// With `gain` (one block per row): then the next layer's input RMSNorm into
+// xn[t]. Without: grid (T, column blocks), elementwise.
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
                               int64_t H, const float *gain, float *xn, float eps) {
     __shared__ float red[32];
     const int t = blockIdx.x;
     const float gs = 1.0f / (1.0f + expf(-sg[t]));
     float ss = 0.0f;
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) {
+    for (int64_t h = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; h < H; h += (int64_t)gridDim.y * blockDim.x) {
         float a = gs * shy[(int64_t)t * H + h];
         for (int k = 0; k < K; k++) a += topw[t * K + k] * ye[((int64_t)t * K + k) * H + h];
         const float v = x[(int64_t)t * H + h] + a;
