@@ -129,7 +129,9 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err) {
     d->cols = h->cols;
     d->stride = h->expert_rows_stride;
     d->n_experts = h->n_experts;
-    if (h->cols % 64) return lilac_fail(err, "CUDA backend: matrix with %lld columns (needs a multiple of 64)", (long long)h->cols);
+    if (h->cols % 64 || h->cols > 4 * 4 * 256)
+        return lilac_fail(err, "CUDA backend: matrix with %lld columns (needs a multiple of 64, at most 4096)",
+                          (long long)h->cols);
     d->q = (const uint32_t *)dev_ptr(D, h->q, err, &rc);
     d->s = (const __nv_bfloat16 *)dev_ptr(D, h->scales, err, &rc);
     d->b = (const __nv_bfloat16 *)dev_ptr(D, h->biases, err, &rc);

@@ -148,6 +148,7 @@ __device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t 
 #define GEMV_RPW 4
 #define GEMV_ROWS (8 * GEMV_RPW)
 #define GEMV_PF 2
+#define GEMV_STAGE 4 // staged input: up to 4 float4 per thread, 4096 columns
 template <int XM>
 __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                               const int *topi, int x_div) {
@@ -182,19 +183,39 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
                 pb[u][k] = ok ? __bfloat162float(W.b[g]) : 0.0f;
             }
     }
+    // Stage the input row: every load is issued before any is used (registers
+    // hold up to GEMV_STAGE float4 per thread), so staging costs one round trip.
+    float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
+    const int64_t n4 = cols / 4;
+#pragma unroll
+    for (int u = 0; u < GEMV_STAGE; u++) {
+        const int64_t q = threadIdx.x + (int64_t)u * blockDim.x;
+        xr[u] = q < n4 ? *(const float4 *)(x + 4 * q) : make_float4(0, 0, 0, 0);
+        if (XM == XM_SWIGLU) xu[u] = q < n4 ? *(const float4 *)(x + xoff + 4 * q) : make_float4(0, 0, 0, 0);
+    }
     float inv = 1.0f;
     if (XM == XM_NORM) {
         float ss = 0.0f;
-        for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) ss += x[c] * x[c];
+#pragma unroll
+        for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
         inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
     }
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = xin<XM>(x, xoff, c);
-        if (XM == XM_NORM) {
-            v *= inv * job.gain[c];
-            if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) job.xn_out[c] = v;
+#pragma unroll
+    for (int u = 0; u < GEMV_STAGE; u++) {
+        const int64_t q = threadIdx.x + (int64_t)u * blockDim.x;
+        if (q >= n4) break;
+        float v[4] = {xr[u].x, xr[u].y, xr[u].z, xr[u].w};
+        if (XM == XM_SWIGLU) {
+            const float uu[4] = {xu[u].x, xu[u].y, xu[u].z, xu[u].w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) v[e] = v[e] / (1.0f + expf(-v[e])) * uu[e];
         }
-        xs[xs_idx(c)] = v;
+        if (XM == XM_NORM) {
+            const float4 g4 = *(const float4 *)(job.gain + 4 * q);
+            v[0] *= inv * g4.x; v[1] *= inv * g4.y; v[2] *= inv * g4.z; v[3] *= inv * g4.w;
+            if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) *(float4 *)(job.xn_out + 4 * q) = make_float4(v[0], v[1], v[2], v[3]);
+        }
+        *(float4 *)(xs + xs_idx(4 * q)) = make_float4(v[0], v[1], v[2], v[3]);
     }
     __syncthreads();
     if (r0 >= W.rows) return;
@@ -209,6 +230,7 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
 #pragma unroll
                 for (int k = 0; k < GEMV_RPW; k++) v[k] += chunk_dot4(pf[u][k], xs, i * 32, ps[u][k], pb[u][k]);
         }
+#pragma unroll 2
         for (int64_t i = lane + 32 * GEMV_PF; i < nchunk; i += 32) { // rows wider than 2048 columns
 #pragma unroll
             for (int k = 0; k < GEMV_RPW; k++) {
@@ -626,6 +648,7 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
         acc[d] = 0.0f;
     }
     float mx = -INFINITY, l = 0.0f;
+#pragma unroll 4
     for (int64_t j = j0 + warp; j < j1; j += 4) {
         const float *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
         float dot = 0.0f;
@@ -767,6 +790,7 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
     float ss = 0.0f;
     for (int64_t h = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; h < H; h += (int64_t)gridDim.y * blockDim.x) {
         float a = gs * shy[(int64_t)t * H + h];
+#pragma unroll 8
         for (int k = 0; k < K; k++) a += topw[t * K + k] * ye[((int64_t)t * K + k) * H + h];
         const float v = x[(int64_t)t * H + h] + a;
         x[(int64_t)t * H + h] = v;
