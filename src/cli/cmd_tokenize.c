@@ -46,7 +46,12 @@ static void print_ids(const lilac_ids *v) {
     char *b = xmalloc(cap);
     for (size_t i = 0; i < v->n; i++) {
         if (n + 16 > cap) b = xrealloc(b, cap *= 2);
-        n += (size_t)snprintf(b + n, cap - n, i ? " %d" : "%d", (int)v->ids[i]);
+        if (i) b[n++] = ' ';
+        char d[12];
+        int k = 0;
+        uint32_t x = (uint32_t)v->ids[i];
+        do d[k++] = (char)('0' + x % 10); while ((x /= 10));
+        while (k) b[n++] = d[--k];
     }
     b[n++] = '\n';
     fwrite(b, 1, n, stdout);

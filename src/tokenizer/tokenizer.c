@@ -326,6 +326,55 @@ static int nfc(const uint8_t *s, size_t n, tok_buf *out, lilac_err *err) {
     return nfc_part(s + st, n - st, out, err);
 }
 
+static inline bool cp_unsafe(uint32_t cp) { return cp >= 0x300 && (nfc_unsafe[cp >> 3] & (1u << (cp & 7))); }
+
+/* NFC of a span that failed the quick test: only windows around the unsafe
+ * characters are normalized, each from the last safe character before a run of
+ * unsafe ones to the end of the run. A safe character has ccc 0, is NFC by
+ * itself and composes with nothing before it, so the text between windows is
+ * unaffected and the windows do not interact. */
+static int nfc_windows(const uint8_t *s, size_t n, tok_buf *out, lilac_err *err) {
+    out->n = 0;
+    tok_buf_put(out, "", 0);
+    size_t i = 0, copied = 0, last_safe = SIZE_MAX;
+    tok_buf w = {0};
+    while (i < n) {
+        if (s[i] < 0x80) {
+            last_safe = i++;
+            continue;
+        }
+        uint32_t cp;
+        int k = utf8_seq(s + i, n - i, &cp);
+        if (!k) {
+            free(w.p);
+            return lilac_fail(err, "NFC: invalid UTF-8");
+        }
+        if (!cp_unsafe(cp)) {
+            last_safe = i;
+            i += (size_t)k;
+            continue;
+        }
+        size_t ws = (last_safe != SIZE_MAX && last_safe >= copied) ? last_safe : i, j = i + (size_t)k;
+        while (j < n && s[j] >= 0x80) {
+            uint32_t c2;
+            int k2 = utf8_seq(s + j, n - j, &c2);
+            if (!k2 || !cp_unsafe(c2)) break;
+            j += (size_t)k2;
+        }
+        tok_buf_put(out, s + copied, ws - copied);
+        if (nfc(s + ws, j - ws, &w, err)) {
+            free(w.p);
+            return -1;
+        }
+        tok_buf_put(out, w.p, w.n);
+        copied = i = j;
+        last_safe = SIZE_MAX;
+    }
+    tok_buf_put(out, s + copied, n - copied);
+    free(w.p);
+    return 0;
+}
+
 /* Make PCRE2 read the pattern as HF's Oniguruma does:
  *  - Onig reads \s as Unicode White_Space; PCRE2 with UCP also counts U+180E:
  *    \s and \S are spelled out;
@@ -425,81 +474,84 @@ static inline uint64_t hash_u64(uint64_t k) {
     return k;
 }
 
-/* string -> int32 map over an arena */
+/* string -> int32 map over an arena; everything a lookup needs is in the slot
+ * (one cache miss for the slot, one for the key bytes). */
+typedef struct {
+    uint32_t tag, off, len; /* len == UINT32_MAX: empty */
+    int32_t val;
+} sm_slot;
+
 typedef struct strmap_ {
-    uint32_t *slot; /* index+1 into entries, 0 = empty */
-    size_t mask;
-    struct sm_entry {
-        size_t off;
-        uint32_t len;
-        int32_t val;
-    } *e;
-    size_t n, cap;
+    sm_slot *s;
+    size_t mask, n;
     tok_buf arena;
 } strmap;
+
+static sm_slot *sm_alloc(size_t sz) {
+    sm_slot *s = xmalloc(sz * sizeof(sm_slot));
+    memset(s, 0xFF, sz * sizeof(sm_slot));
+    return s;
+}
 
 static void sm_init(strmap *m, size_t expect) {
     size_t sz = 1024;
     while (sz < expect * 2) sz *= 2;
-    m->slot = xcalloc(sz, sizeof(uint32_t));
+    m->s = sm_alloc(sz);
     m->mask = sz - 1;
-    m->e = NULL;
-    m->n = m->cap = 0;
+    m->n = 0;
     memset(&m->arena, 0, sizeof m->arena);
 }
 
 static void sm_free(strmap *m) {
-    free(m->slot);
-    free(m->e);
+    free(m->s);
     free(m->arena.p);
+    m->s = NULL;
 }
 
 static void sm_grow(strmap *m) {
     size_t sz = (m->mask + 1) * 2;
-    uint32_t *s = xcalloc(sz, sizeof(uint32_t));
-    for (size_t i = 0; i < m->n; i++) {
-        uint64_t h = hash_bytes((const uint8_t *)m->arena.p + m->e[i].off, m->e[i].len);
+    sm_slot *ns = sm_alloc(sz);
+    for (size_t i = 0; i <= m->mask; i++) {
+        const sm_slot *e = &m->s[i];
+        if (e->len == UINT32_MAX) continue;
+        uint64_t h = hash_bytes((const uint8_t *)m->arena.p + e->off, e->len);
         size_t j = h & (sz - 1);
-        while (s[j]) j = (j + 1) & (sz - 1);
-        s[j] = (uint32_t)(i + 1);
+        while (ns[j].len != UINT32_MAX) j = (j + 1) & (sz - 1);
+        ns[j] = *e;
     }
-    free(m->slot);
-    m->slot = s;
+    free(m->s);
+    m->s = ns;
     m->mask = sz - 1;
 }
 
-/* Find key; returns entry index or -1. */
-static long sm_find(const strmap *m, const void *k, size_t n) {
+static const sm_slot *sm_find(const strmap *m, const void *k, size_t n) {
     uint64_t h = hash_bytes(k, n);
     size_t j = h & m->mask;
-    while (m->slot[j]) {
-        const struct sm_entry *e = &m->e[m->slot[j] - 1];
-        if (e->len == n && !memcmp(m->arena.p + e->off, k, n)) return (long)(m->slot[j] - 1);
-        j = (j + 1) & m->mask;
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (;; j = (j + 1) & m->mask) {
+        const sm_slot *e = &m->s[j];
+        if (e->len == UINT32_MAX) return NULL;
+        if (e->tag == tag && e->len == n && !memcmp(m->arena.p + e->off, k, n)) return e;
     }
-    return -1;
 }
 
 /* Insert or overwrite. */
 static void sm_put(strmap *m, const void *k, size_t n, int32_t v) {
-    long f = sm_find(m, k, n);
-    if (f >= 0) {
-        m->e[f].val = v;
+    sm_slot *f = (sm_slot *)sm_find(m, k, n);
+    if (f) {
+        f->val = v;
         return;
     }
     if ((m->n + 1) * 2 > m->mask + 1) sm_grow(m);
-    if (m->n == m->cap) {
-        m->cap = m->cap ? m->cap * 2 : 1024;
-        m->e = xrealloc(m->e, m->cap * sizeof *m->e);
-    }
-    m->e[m->n].off = m->arena.n;
-    m->e[m->n].len = (uint32_t)n;
-    m->e[m->n].val = v;
-    tok_buf_put(&m->arena, k, n);
     uint64_t h = hash_bytes(k, n);
     size_t j = h & m->mask;
-    while (m->slot[j]) j = (j + 1) & m->mask;
-    m->slot[j] = (uint32_t)(++m->n);
+    while (m->s[j].len != UINT32_MAX) j = (j + 1) & m->mask;
+    m->s[j].tag = (uint32_t)(h >> 32);
+    m->s[j].off = (uint32_t)m->arena.n;
+    m->s[j].len = (uint32_t)n;
+    m->s[j].val = v;
+    tok_buf_put(&m->arena, k, n);
+    m->n++;
 }
 
 /* merges: (left id, right id) -> (rank, merged id): merge_slot in tok_internal.h */
@@ -1014,8 +1066,8 @@ static int load_added(lilac_tokenizer *t, json_t *arr, const strmap *vocab, lila
         tok_added *a = &t->added[t->n_added++];
         a->id = (int32_t)json_integer_value(id);
         /* HF: a token already in the model's vocab keeps its vocab id */
-        long in_vocab = vocab && vocab->slot ? sm_find(vocab, json_string_value(c), json_string_length(c)) : -1;
-        if (in_vocab >= 0) a->id = vocab->e[in_vocab].val;
+        const sm_slot *in_vocab = vocab && vocab->s ? sm_find(vocab, json_string_value(c), json_string_length(c)) : NULL;
+        if (in_vocab) a->id = in_vocab->val;
         a->len = json_string_length(c);
         a->content = xmalloc(a->len + 1);
         memcpy(a->content, json_string_value(c), a->len + 1);
@@ -1046,7 +1098,7 @@ static int load_added(lilac_tokenizer *t, json_t *arr, const strmap *vocab, lila
 }
 
 static lilac_tokenizer *load_fail(lilac_tokenizer *t, struct load_state *L) {
-    if (L->vocab.slot) sm_free(&L->vocab);
+    if (L->vocab.s) sm_free(&L->vocab);
     json_decref(L->added);
     json_decref(L->normalizer);
     json_decref(L->pretok);
@@ -1127,8 +1179,9 @@ lilac_tokenizer *lilac_tok_load_mem(const char *json, size_t len, lilac_err *err
     t->tok_kind = xcalloc((size_t)t->n_ids + 1, 1);
     tok_buf arena = {0};
     tok_buf_put(&arena, "", 0);
-    for (size_t i = 0; i < L.vocab.n; i++) {
-        const struct sm_entry *e = &L.vocab.e[i];
+    for (size_t i = 0; i <= L.vocab.mask; i++) {
+        const sm_slot *e = &L.vocab.s[i];
+        if (e->len == UINT32_MAX) continue;
         int32_t id = e->val;
         t->tok_off[id] = (uint32_t)arena.n;
         bytelevel_decode(L.vocab.arena.p + e->off, e->len, &arena);
@@ -1153,8 +1206,8 @@ lilac_tokenizer *lilac_tok_load_mem(const char *json, size_t len, lilac_err *err
     for (int b = 0; b < 256; b++) {
         tok_buf s = {0};
         put_utf8(&s, byte_to_cp[b]);
-        long f = sm_find(&L.vocab, s.p, s.n);
-        t->byte_id[b] = f >= 0 ? L.vocab.e[f].val : -1;
+        const sm_slot *f = sm_find(&L.vocab, s.p, s.n);
+        t->byte_id[b] = f ? f->val : -1;
         free(s.p);
     }
 
@@ -1168,19 +1221,19 @@ lilac_tokenizer *lilac_tok_load_mem(const char *json, size_t len, lilac_err *err
     for (size_t i = 0; i < L.n_pm; i++) {
         const struct pending_merge *m = &L.pm[i];
         const char *a = L.merge_arena.p + m->a_off, *b = L.merge_arena.p + m->b_off;
-        long ia = sm_find(&L.vocab, a, m->a_len), ib = sm_find(&L.vocab, b, m->b_len);
+        const sm_slot *ia = sm_find(&L.vocab, a, m->a_len), *ib = sm_find(&L.vocab, b, m->b_len);
         cat.n = 0;
         tok_buf_put(&cat, a, m->a_len);
         tok_buf_put(&cat, b, m->b_len);
-        long ic = sm_find(&L.vocab, cat.p, cat.n);
-        if (ia < 0 || ib < 0 || ic < 0) {
+        const sm_slot *ic = sm_find(&L.vocab, cat.p, cat.n);
+        if (!ia || !ib || !ic) {
             lilac_fail(err, "tokenizer.json: merges[%zu] (\"%.*s\" \"%.*s\"): %s not in the vocab", i,
                        (int)(m->a_len > 40 ? 40 : m->a_len), a, (int)(m->b_len > 40 ? 40 : m->b_len), b,
-                       ia < 0 ? "left token" : ib < 0 ? "right token" : "merged token");
+                       !ia ? "left token" : !ib ? "right token" : "merged token");
             free(cat.p);
             return load_fail(t, &L);
         }
-        merge_put(t, L.vocab.e[ia].val, L.vocab.e[ib].val, (uint32_t)i, L.vocab.e[ic].val);
+        merge_put(t, ia->val, ib->val, (uint32_t)i, ic->val);
     }
     free(cat.p);
     t->n_merges = L.n_pm;
@@ -1188,8 +1241,9 @@ lilac_tokenizer *lilac_tok_load_mem(const char *json, size_t len, lilac_err *err
     if (t->ignore_merges) { /* whole-piece lookup table: bytes -> id */
         t->piece_map = xcalloc(1, sizeof(strmap));
         sm_init(t->piece_map, L.vocab.n);
-        for (size_t i = 0; i < L.vocab.n; i++) {
-            int32_t id = L.vocab.e[i].val;
+        for (size_t i = 0; i <= L.vocab.mask; i++) {
+            if (L.vocab.s[i].len == UINT32_MAX) continue;
+            int32_t id = L.vocab.s[i].val;
             sm_put(t->piece_map, t->tok_bytes + t->tok_off[id], t->tok_len[id], id);
         }
     }
@@ -1216,7 +1270,7 @@ lilac_tokenizer *lilac_tok_load_mem(const char *json, size_t len, lilac_err *err
     }
 
     sm_free(&L.vocab);
-    L.vocab.slot = NULL;
+
     json_decref(L.added);
     json_decref(L.normalizer);
     json_decref(L.pretok);
@@ -1483,9 +1537,9 @@ static int bpe_piece(enc_ctx *c, const uint8_t *s, size_t n) {
         return 0;
     }
     if (t->piece_map) {
-        long f = sm_find(t->piece_map, s, n);
-        if (f >= 0) {
-            lilac_ids_push(c->out, t->piece_map->e[f].val);
+        const sm_slot *f = sm_find(t->piece_map, s, n);
+        if (f) {
+            lilac_ids_push(c->out, f->val);
             return 0;
         }
     }
@@ -1705,7 +1759,7 @@ static int encode_span(enc_ctx *c, const uint8_t *s, size_t n, bool allow_norm_a
     size_t un = n;
     tok_buf local = {0};
     if (t->nfc && !nfc_quick(s, n)) {
-        if (nfc(s, n, &local, c->err)) {
+        if (nfc_windows(s, n, &local, c->err)) {
             free(local.p);
             return -1;
         }
