@@ -21,6 +21,9 @@ static const command commands[] = {
     {"tokenize", cmd_tokenize, "tokenize --tokenizer PATH|--model DIR [--file F] [--special] [--jsonl]   ids of UTF-8 text"},
     {"detokenize", cmd_detokenize, "detokenize --tokenizer PATH|--model DIR [--ids 1,2,3|--file F] [--skip-special]   text of ids"},
     {"render", cmd_render, "render --model DIR --messages F.json [--tools F.json] [--no-thinking] [--preserve-thinking] [--ids]   chat prompt"},
+    {"serve", cmd_serve, "serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--max-seq N] [--parallel N]   OpenAI-compatible server"},
+    {"demo", cmd_demo, "demo [--rebuild] [--build-only] [serve options]   build (once) a small random model and serve it"},
+    {"chat", cmd_chat, "chat --model DIR [--no-think] [--system S] [--max-tokens N]   interactive terminal chat"},
 };
 
 static void usage(FILE *f) {

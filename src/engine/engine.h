@@ -1,0 +1,120 @@
+/* engine.h — the single engine worker that owns every model session.
+ *
+ * Connection threads build an eng_job (prompt ids, limits, sampling), submit it
+ * to a bounded FIFO queue and then read its output as it grows. One worker
+ * thread takes jobs into `n_slots` sequence slots (each a backend session with
+ * its token history) and advances every active slot by one step per round:
+ * one prefill chunk or one decoded token, so sequences interleave fairly and a
+ * cancelled job stops within one step. The worker never touches a socket: it
+ * only appends to the job (text, per-token info) under the job's mutex and
+ * broadcasts its condition variable.
+ *
+ * Prefix reuse: a slot keeps the ids its session has consumed. A new job goes
+ * to the idle slot whose history is the longest prefix of its prompt and only
+ * the rest is prefilled (prompt_tokens_details.cached_tokens). The recurrent
+ * (GDN) state cannot be rewound, so a history that diverges from the prompt is
+ * dropped and the slot starts from position 0. */
+#ifndef LILAC_ENGINE_H
+#define LILAC_ENGINE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../backend/backend.h"
+#include "../server/sbuf.h"
+#include "../tokenizer/tokenizer.h"
+#include "sampler.h"
+
+#define ENG_MAX_TOP 20
+
+typedef struct {
+    int32_t id;
+    float lp;
+    int n_top;
+    int32_t top_id[ENG_MAX_TOP];
+    float top_lp[ENG_MAX_TOP];
+} eng_tok;
+
+typedef enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE, JOB_DONE } eng_state;
+
+typedef struct eng_job {
+    /* ---- input: set before eng_submit, read-only afterwards ---- */
+    int32_t *prompt;
+    int n_prompt;
+    int max_tokens;         /* > 0 */
+    lilac_sampling samp;
+    char **stops;           /* stop strings (cut from the text, never emitted) */
+    int n_stops;
+    bool logprobs;          /* record eng_tok.lp */
+    int top_logprobs;       /* 0..20 */
+    bool ignore_eos;
+    bool cache_prompt;      /* allow prefix reuse (default true) */
+    int32_t *forced;        /* test hook: emit these ids instead of sampling */
+    int n_forced;
+    /* ---- output: under mu ---- */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* broadcast on every change (CLOCK_MONOTONIC) */
+    sbuf text;              /* final text so far (UTF-8 complete, stops cut) */
+    eng_tok *toks;          /* generated tokens (EOS not included) */
+    int n_toks, cap_toks;
+    int n_gen;              /* completion tokens, EOS included */
+    eng_state state;
+    char finish[16];        /* "stop" | "length" | "cancelled" | "error" */
+    char error[256];
+    int n_cached;           /* prompt tokens reused from the slot's history */
+    double t_submit, t_start, t_first, t_end;
+    atomic_int cancel;
+    atomic_int refs;
+} eng_job;
+
+/* A job with one reference (the caller's); fill the input fields. */
+eng_job *eng_job_new(void);
+void eng_job_ref(eng_job *j);
+void eng_job_unref(eng_job *j); /* frees the inputs too (prompt, stops, forced: malloc'd) */
+void eng_job_cancel(eng_job *j);
+/* Wait until the job changed or `timeout_s` passed; call with j->mu held. */
+void eng_job_wait(eng_job *j, double timeout_s);
+
+typedef struct {
+    const lilac_backend *be;
+    const lilac_model *model;
+    const lilac_tokenizer *tok;
+    int64_t max_seq;     /* per slot */
+    int threads;
+    int n_slots;         /* --parallel */
+    int queue_max;       /* waiting jobs beyond which eng_submit refuses */
+    int prefill_chunk;   /* tokens per prefill step (cancellation granularity) */
+    const int32_t *eos;  /* end-of-sequence ids */
+    int n_eos;
+} eng_config;
+
+typedef struct lilac_engine lilac_engine;
+
+/* Starts the worker (which creates the sessions). NULL + err on failure. */
+lilac_engine *eng_new(const eng_config *cfg, lilac_err *err);
+/* Cancels queued and running jobs and joins the worker; afterwards
+ * eng_submit refuses and the struct stays valid until eng_free. */
+void eng_shutdown(lilac_engine *e);
+/* eng_shutdown, then frees the sessions. */
+void eng_free(lilac_engine *e);
+/* Queue a job (takes a reference). -1 when the queue is full or the engine is
+ * shutting down. */
+int eng_submit(lilac_engine *e, eng_job *j);
+
+#define ENG_TTFT_BUCKETS 10
+extern const double eng_ttft_bounds[ENG_TTFT_BUCKETS]; /* the last is +Inf */
+
+typedef struct {
+    uint64_t requests_done, requests_cancelled, requests_error;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens, decode_steps;
+    double prompt_seconds, decode_seconds;
+    int queued, running, n_slots;
+    uint64_t ttft_count[ENG_TTFT_BUCKETS];
+    double ttft_sum;
+} eng_stats;
+
+void eng_get_stats(lilac_engine *e, eng_stats *out);
+
+#endif

@@ -1,0 +1,462 @@
+/* demo_model.c — see demo_model.h. */
+#include "demo_model.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../model/safetensors.h"
+#include "demo_template.h"
+#include "sbuf.h"
+
+/* ---- geometry (the tiny oracle case: every feature, small) ---- */
+enum {
+    D_H = 128, D_LAYERS = 4, D_HEADS = 4, D_KV = 2, D_HD = 64, D_LK = 2, D_LV = 4, D_KD = 32, D_VD = 32, D_CONV = 4,
+    D_E = 16, D_TOPK = 4, D_I = 64, D_SI = 64, D_V = LILAC_DEMO_VOCAB
+};
+
+/* ---- tokenizer -------------------------------------------------------------- */
+
+static const char *const ADDED[][2] = {
+    {"<|endoftext|>", "1"}, {"<|im_start|>", "1"}, {"<|im_end|>", "1"}, {"<|object_ref_start|>", "1"},
+    {"<|object_ref_end|>", "1"}, {"<|box_start|>", "1"}, {"<|box_end|>", "1"}, {"<|quad_start|>", "1"},
+    {"<|quad_end|>", "1"}, {"<|vision_start|>", "1"}, {"<|vision_end|>", "1"}, {"<|vision_pad|>", "1"},
+    {"<|image_pad|>", "1"}, {"<|video_pad|>", "1"}, {"<tool_call>", "0"}, {"</tool_call>", "0"},
+    {"<|fim_prefix|>", "0"}, {"<|fim_middle|>", "0"}, {"<|fim_suffix|>", "0"}, {"<|fim_pad|>", "0"},
+    {"<|repo_name|>", "0"}, {"<|file_sep|>", "0"}, {"<tool_response>", "0"}, {"</tool_response>", "0"},
+    {"<think>", "0"}, {"</think>", "0"},
+};
+#define N_ADDED ((int)(sizeof ADDED / sizeof ADDED[0]))
+#define N_MERGES (D_V - 256 - N_ADDED)
+
+static const char CORPUS[] =
+    "The quick brown fox jumps over the lazy dog. Hello, world! How are you today? I am fine, thank you.\n"
+    "This is a small demo model for lilac, an inference engine written in C for one model. It answers with "
+    "random text, because its weights are random numbers, but every part of the interface works: the chat "
+    "template, the tokenizer, streaming, tool calls, stop strings, logprobs and usage.\n"
+    "The weather in Paris is sunny and warm. What is the weather like in London and in Berlin? It is raining.\n"
+    "Please call the function get_weather with the city and the unit. The result will be returned as JSON.\n"
+    "def main():\n    print(\"hello\")\n    return 0\n\nfor i in range(10):\n    x = i * 2 + 1\n"
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2024 3.14 -1\n"
+    "user assistant system tool thinking reasoning content message function parameter name value type "
+    "string integer number boolean object array description properties required arguments response\n"
+    "Let me think about this step by step. First, the question asks for the answer. Then we check it again. "
+    "So the final answer is yes. Thanks for asking, and have a nice day!\n";
+
+/* GPT-2 byte-level alphabet: byte -> code point. */
+static unsigned byte_cp(unsigned b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return b;
+    unsigned n = 0;
+    for (unsigned x = 0; x < b; x++)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
+    return 256 + n;
+}
+
+static void put_cp(sbuf *b, unsigned cp) {
+    char u[4];
+    if (cp < 0x80) u[0] = (char)cp, sb_put(b, u, 1);
+    else {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        sb_put(b, u, 2);
+    }
+}
+
+/* A token (raw bytes) in the byte-level alphabet, as a JSON string. */
+static void put_tok(sbuf *out, const char *s, size_t n) {
+    sbuf t = {0};
+    for (size_t i = 0; i < n; i++) put_cp(&t, byte_cp((unsigned char)s[i]));
+    sb_json_str(out, t.p, t.n);
+    sb_free(&t);
+}
+
+typedef struct {
+    char *s;
+    size_t n;
+} tokstr;
+
+/* Byte-pair training over the corpus words; then lowercase bigrams fill the
+ * vocabulary up to N_MERGES (any merge of two existing tokens is valid BPE). */
+static int train(tokstr *tok, int (*merges)[2]) {
+    for (int i = 0; i < 256; i++) {
+        tok[i].s = xmalloc(1);
+        tok[i].s[0] = (char)i;
+        tok[i].n = 1;
+    }
+    int ntok = 256, nm = 0;
+    /* words: a space joins the following letters (as the Qwen regex does) */
+    const size_t L = sizeof CORPUS - 1;
+    int *sym = xmalloc(sizeof(int) * L), *wstart = xmalloc(sizeof(int) * (L + 1));
+    int nsym = 0, nw = 0;
+    for (size_t i = 0; i < L;) {
+        wstart[nw++] = nsym;
+        size_t j = i + 1;
+        unsigned char c = (unsigned char)CORPUS[i];
+        if (c == ' ' && i + 1 < L && (CORPUS[i + 1] == ' ' ? 0 : 1)) {
+            unsigned char d = (unsigned char)CORPUS[i + 1];
+            bool alpha = (d | 32) >= 'a' && (d | 32) <= 'z';
+            while (j < L && (alpha ? (((unsigned char)CORPUS[j] | 32) >= 'a' && ((unsigned char)CORPUS[j] | 32) <= 'z')
+                                   : ispunct((unsigned char)CORPUS[j])))
+                j++;
+        } else if (((c | 32) >= 'a' && (c | 32) <= 'z') || c == '_') {
+            while (j < L && ((((unsigned char)CORPUS[j] | 32) >= 'a' && ((unsigned char)CORPUS[j] | 32) <= 'z') || CORPUS[j] == '_')) j++;
+        } else if (c == ' ') {
+            while (j < L && CORPUS[j] == ' ' && !(j + 1 < L && CORPUS[j + 1] != ' ')) j++;
+        }
+        for (size_t k = i; k < j; k++) sym[nsym++] = (unsigned char)CORPUS[k];
+        i = j;
+    }
+    wstart[nw] = nsym;
+    int *cnt = xcalloc((size_t)D_V * D_V, sizeof(int));
+    while (nm < N_MERGES) {
+        int best = 0, ba = -1, bb = -1;
+        for (int w = 0; w < nw; w++)
+            for (int k = wstart[w]; k + 1 < wstart[w + 1]; k++) {
+                if (sym[k] < 0) continue;
+                int k2 = k + 1;
+                while (k2 < wstart[w + 1] && sym[k2] < 0) k2++;
+                if (k2 >= wstart[w + 1]) break;
+                int c2 = ++cnt[sym[k] * D_V + sym[k2]];
+                if (c2 > best || (c2 == best && (sym[k] < ba || (sym[k] == ba && sym[k2] < bb))))
+                    best = c2, ba = sym[k], bb = sym[k2];
+            }
+        memset(cnt, 0, sizeof(int) * (size_t)D_V * D_V);
+        if (best < 2) break;
+        tok[ntok].n = tok[ba].n + tok[bb].n;
+        tok[ntok].s = xmalloc(tok[ntok].n);
+        memcpy(tok[ntok].s, tok[ba].s, tok[ba].n);
+        memcpy(tok[ntok].s + tok[ba].n, tok[bb].s, tok[bb].n);
+        merges[nm][0] = ba, merges[nm][1] = bb, nm++;
+        for (int w = 0; w < nw; w++) /* apply the merge */
+            for (int k = wstart[w]; k < wstart[w + 1]; k++) {
+                if (sym[k] != ba) continue;
+                int k2 = k + 1;
+                while (k2 < wstart[w + 1] && sym[k2] < 0) k2++;
+                if (k2 < wstart[w + 1] && sym[k2] == bb) {
+                    sym[k] = ntok;
+                    sym[k2] = -1;
+                }
+            }
+        ntok++;
+    }
+    free(cnt);
+    free(sym);
+    free(wstart);
+    /* fill: lowercase bigrams that are not tokens yet */
+    for (int a = 'a'; a <= 'z' && nm < N_MERGES; a++)
+        for (int b = 'a'; b <= 'z' && nm < N_MERGES; b++) {
+            bool have = false;
+            for (int t = 256; t < ntok && !have; t++) have = tok[t].n == 2 && tok[t].s[0] == a && tok[t].s[1] == b;
+            if (have) continue;
+            tok[ntok].n = 2;
+            tok[ntok].s = xmalloc(2);
+            tok[ntok].s[0] = (char)a;
+            tok[ntok].s[1] = (char)b;
+            merges[nm][0] = a, merges[nm][1] = b, nm++;
+            ntok++;
+        }
+    return ntok;
+}
+
+static int write_file(const char *dir, const char *name, const void *p, size_t n, lilac_err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f) return lilac_fail(err, "demo: cannot write %s: %s", path, strerror(errno));
+    size_t w = fwrite(p, 1, n, f);
+    if (fclose(f) != 0 || w != n) return lilac_fail(err, "demo: writing %s failed", path);
+    return 0;
+}
+
+static int write_tokenizer(const char *dir, lilac_err *err) {
+    tokstr *tok = xcalloc(D_V, sizeof(tokstr));
+    int(*merges)[2] = xcalloc(N_MERGES, sizeof *merges);
+    int ntok = train(tok, merges);
+    int nm = ntok - 256;
+    sbuf b = {0};
+    sb_puts(&b, "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n  \"added_tokens\": [");
+    for (int i = 0; i < N_ADDED; i++) {
+        sb_printf(&b, "%s\n    {\"id\": %d, \"content\": ", i ? "," : "", ntok + i);
+        sb_json_str(&b, ADDED[i][0], strlen(ADDED[i][0]));
+        sb_printf(&b, ", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+                      "\"special\": %s}", ADDED[i][1][0] == '1' ? "true" : "false");
+    }
+    sb_puts(&b, "\n  ],\n  \"normalizer\": {\"type\": \"NFC\"},\n"
+                "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+                "{\"Regex\": ");
+    static const char RX[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                             "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+    sb_json_str(&b, RX, strlen(RX));
+    sb_puts(&b, "}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
+                "\"trim_offsets\": false, \"use_regex\": false}]},\n"
+                "  \"post_processor\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, "
+                "\"use_regex\": false},\n"
+                "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, "
+                "\"use_regex\": false},\n"
+                "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
+                "\"\", \"end_of_word_suffix\": \"\", \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": "
+                "false,\n    \"vocab\": {");
+    for (int i = 0; i < ntok; i++) {
+        sb_puts(&b, i ? ", " : "");
+        put_tok(&b, tok[i].s, tok[i].n);
+        sb_printf(&b, ": %d", i);
+    }
+    sb_puts(&b, "},\n    \"merges\": [");
+    for (int i = 0; i < nm; i++) {
+        sb_puts(&b, i ? ", [" : "[");
+        put_tok(&b, tok[merges[i][0]].s, tok[merges[i][0]].n);
+        sb_puts(&b, ", ");
+        put_tok(&b, tok[merges[i][1]].s, tok[merges[i][1]].n);
+        sb_puts(&b, "]");
+    }
+    sb_puts(&b, "]\n  }\n}\n");
+    int rc = write_file(dir, "tokenizer.json", b.p, b.n, err);
+    sb_clear(&b);
+    sb_puts(&b, "{\n  \"add_bos_token\": false,\n  \"add_prefix_space\": false,\n  \"added_tokens_decoder\": {");
+    for (int i = 0; i < N_ADDED; i++) {
+        sb_printf(&b, "%s\n    \"%d\": {\"content\": ", i ? "," : "", ntok + i);
+        sb_json_str(&b, ADDED[i][0], strlen(ADDED[i][0]));
+        sb_printf(&b, ", \"lstrip\": false, \"normalized\": false, \"rstrip\": false, \"single_word\": false, \"special\": %s}",
+                  ADDED[i][1][0] == '1' ? "true" : "false");
+    }
+    sb_puts(&b, "\n  },\n  \"bos_token\": null,\n  \"clean_up_tokenization_spaces\": false,\n  \"eos_token\": \"<|im_end|>\",\n"
+                "  \"errors\": \"replace\",\n  \"model_max_length\": 262144,\n  \"pad_token\": \"<|endoftext|>\",\n"
+                "  \"split_special_tokens\": false,\n  \"tokenizer_class\": \"Qwen2Tokenizer\",\n  \"unk_token\": null\n}\n");
+    if (!rc) rc = write_file(dir, "tokenizer_config.json", b.p, b.n, err);
+    sb_clear(&b);
+    int endoftext = ntok, im_end = ntok + 2;
+    sb_printf(&b, "{\n  \"bos_token_id\": %d,\n  \"do_sample\": true,\n  \"eos_token_id\": [%d, %d],\n  \"pad_token_id\": %d,\n"
+                  "  \"temperature\": 1.0,\n  \"top_k\": 20,\n  \"top_p\": 0.95\n}\n", endoftext, im_end, endoftext, endoftext);
+    if (!rc) rc = write_file(dir, "generation_config.json", b.p, b.n, err);
+    sb_clear(&b);
+    /* config.json */
+    sb_printf(&b, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n"
+                  "  \"tie_word_embeddings\": false,\n  \"lilac_demo\": \"random weights: the text is gibberish\",\n"
+                  "  \"text_config\": {\n    \"model_type\": \"qwen3_5_moe_text\",\n"
+                  "    \"hidden_size\": %d, \"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-06,\n"
+                  "    \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"full_attention_interval\": 4,\n"
+                  "    \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
+                  "    \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
+                  "    \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %d,\n"
+                  "    \"shared_expert_intermediate_size\": %d, \"max_position_embeddings\": 262144,\n"
+                  "    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, "
+                  "\"mrope_section\": [3, 3, 2], \"mrope_interleaved\": true},\n"
+                  "    \"eos_token_id\": %d, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n"
+                  "  \"quantization\": {\n    \"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"",
+              D_H, D_LAYERS, D_V, D_HEADS, D_KV, D_HD, D_LK, D_LV, D_KD, D_VD, D_CONV, D_E, D_TOPK, D_I, D_SI, endoftext);
+    for (int l = 0; l < D_LAYERS; l++)
+        sb_printf(&b, ",\n    \"language_model.model.layers.%d.mlp.gate\": {\"group_size\": 64, \"bits\": 8},\n"
+                      "    \"language_model.model.layers.%d.mlp.shared_expert_gate\": {\"group_size\": 64, \"bits\": 8}", l, l);
+    sb_puts(&b, "\n  }\n}\n");
+    if (!rc) rc = write_file(dir, "config.json", b.p, b.n, err);
+    if (!rc) rc = write_file(dir, "chat_template.jinja", lilac_demo_chat_template, LILAC_DEMO_CHAT_TEMPLATE_LEN, err);
+    static const char README[] =
+        "lilac demo model: the Qwen3.6-35B-A3B architecture at a tiny size with RANDOM weights, in the\n"
+        "mlx-community 4-bit format, plus a small byte-level BPE tokenizer. Its output is gibberish; it exists\n"
+        "to try lilac's API offline. Rebuild with `lilac demo --rebuild`.\n";
+    if (!rc) rc = write_file(dir, "README.txt", README, sizeof README - 1, err);
+    sb_free(&b);
+    for (int i = 0; i < D_V; i++) free(tok[i].s);
+    free(tok);
+    free(merges);
+    return rc;
+}
+
+/* ---- weights ---------------------------------------------------------------- */
+
+typedef struct {
+    char name[128];
+    st_dtype dt;
+    int nd;
+    int64_t shape[3];
+    size_t bytes;
+    void *data;
+} tensor;
+
+typedef struct {
+    tensor *v;
+    int n, cap;
+    uint64_t rng;
+} tlist;
+
+static uint64_t rnd(tlist *T) {
+    uint64_t z = (T->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float unif(tlist *T) { return (float)((rnd(T) >> 40) * (1.0 / 16777216.0)); }
+
+static tensor *add_t(tlist *T, const char *name, st_dtype dt, int nd, int64_t a, int64_t b, int64_t c) {
+    if (T->n == T->cap) T->v = xrealloc(T->v, sizeof(tensor) * (size_t)(T->cap = T->cap ? 2 * T->cap : 64));
+    tensor *t = &T->v[T->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dt = dt;
+    t->nd = nd;
+    t->shape[0] = a, t->shape[1] = b, t->shape[2] = c;
+    size_t n = st_dtype_size(dt);
+    for (int i = 0; i < nd; i++) n *= (size_t)t->shape[i];
+    t->bytes = n;
+    t->data = xcalloc(1, n ? n : 1);
+    return t;
+}
+
+/* Quantised [E?, rows, cols] with entries of std gain/sqrt(cols). */
+static void add_q(tlist *T, const char *base, int64_t E, int64_t rows, int64_t cols, int bits, float gain) {
+    char n[160];
+    const int nd = E ? 3 : 2;
+    const int64_t R = E ? E * rows : rows;
+    const int64_t a = E ? E : rows, b = E ? rows : cols * bits / 32, b2 = E ? rows : cols / 64;
+    const int64_t c = E ? cols * bits / 32 : 0, c2 = E ? cols / 64 : 0;
+    snprintf(n, sizeof n, "%s.weight", base);
+    tensor *w = add_t(T, n, ST_U32, nd, a, b, c);
+    snprintf(n, sizeof n, "%s.scales", base);
+    tensor *s = add_t(T, n, ST_BF16, nd, a, b2, c2);
+    snprintf(n, sizeof n, "%s.biases", base);
+    tensor *bi = add_t(T, n, ST_BF16, nd, a, b2, c2);
+    uint32_t *q = w->data;
+    for (size_t i = 0; i < w->bytes / 4; i++) q[i] = (uint32_t)rnd(T);
+    const float levels = (float)((1 << bits) - 1);
+    const float q_sd = levels / sqrtf(12.0f) * sqrtf(1.0f + 2.0f / levels);
+    const float sigma = gain / sqrtf((float)cols);
+    uint16_t *sp = s->data, *bp = bi->data;
+    for (int64_t g = 0; g < R * (cols / 64); g++) {
+        float sc = (unif(T) < 0.5f ? -1.0f : 1.0f) * sigma * (0.75f + 0.5f * unif(T)) / q_sd;
+        sp[g] = f32_to_bf16(sc);
+        bp[g] = f32_to_bf16(-sc * levels * 0.5f);
+    }
+}
+
+static void add_vec(tlist *T, const char *name, st_dtype dt, int nd, int64_t a, int64_t b, float base, float spread) {
+    tensor *t = add_t(T, name, dt, nd, a, b, nd > 2 ? 1 : 0);
+    size_t n = t->bytes / st_dtype_size(dt);
+    for (size_t i = 0; i < n; i++) {
+        float v = base + spread * (unif(T) - 0.5f);
+        if (dt == ST_F32) ((float *)t->data)[i] = v;
+        else ((uint16_t *)t->data)[i] = f32_to_bf16(v);
+    }
+}
+
+static int write_weights(const char *dir, lilac_err *err) {
+    tlist T = {.rng = 20260601};
+    char n[160];
+    const int CD = 2 * D_LK * D_KD + D_LV * D_VD, VD = D_LV * D_VD;
+    add_q(&T, "language_model.model.embed_tokens", 0, D_V, D_H, 4, sqrtf((float)D_H));
+    add_q(&T, "language_model.lm_head", 0, D_V, D_H, 4, 3.0f);
+    add_vec(&T, "language_model.model.norm.weight", ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
+    for (int l = 0; l < D_LAYERS; l++) {
+#define N(fmt) (snprintf(n, sizeof n, "language_model.model.layers.%d." fmt, l), n)
+        add_vec(&T, N("input_layernorm.weight"), ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
+        add_vec(&T, N("post_attention_layernorm.weight"), ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
+        if ((l + 1) % 4) {
+            add_q(&T, N("linear_attn.in_proj_qkv"), 0, CD, D_H, 4, 1.0f);
+            add_q(&T, N("linear_attn.in_proj_z"), 0, VD, D_H, 4, 1.0f);
+            add_q(&T, N("linear_attn.in_proj_b"), 0, D_LV, D_H, 4, 1.0f);
+            add_q(&T, N("linear_attn.in_proj_a"), 0, D_LV, D_H, 4, 0.5f);
+            add_q(&T, N("linear_attn.out_proj"), 0, D_H, VD, 4, 1.0f);
+            add_vec(&T, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, D_CONV, 0.0f, 1.0f);
+            tensor *al = add_t(&T, N("linear_attn.A_log"), ST_F32, 1, D_LV, 0, 0);
+            for (int i = 0; i < D_LV; i++) ((float *)al->data)[i] = logf(1.0f + 15.0f * unif(&T));
+            add_vec(&T, N("linear_attn.dt_bias"), ST_BF16, 1, D_LV, 0, -1.75f, 4.5f);
+            add_vec(&T, N("linear_attn.norm.weight"), ST_BF16, 1, D_VD, 0, 1.0f, 0.2f);
+        } else {
+            add_q(&T, N("self_attn.q_proj"), 0, 2 * D_HEADS * D_HD, D_H, 4, 1.0f);
+            add_q(&T, N("self_attn.k_proj"), 0, D_KV * D_HD, D_H, 4, 1.0f);
+            add_q(&T, N("self_attn.v_proj"), 0, D_KV * D_HD, D_H, 4, 1.0f);
+            add_q(&T, N("self_attn.o_proj"), 0, D_H, D_HEADS * D_HD, 4, 1.0f);
+            add_vec(&T, N("self_attn.q_norm.weight"), ST_BF16, 1, D_HD, 0, 1.0f, 0.2f);
+            add_vec(&T, N("self_attn.k_norm.weight"), ST_BF16, 1, D_HD, 0, 1.0f, 0.2f);
+        }
+        add_q(&T, N("mlp.gate"), 0, D_E, D_H, 8, 2.0f);
+        add_q(&T, N("mlp.shared_expert_gate"), 0, 1, D_H, 8, 1.0f);
+        add_q(&T, N("mlp.shared_expert.gate_proj"), 0, D_SI, D_H, 4, 1.0f);
+        add_q(&T, N("mlp.shared_expert.up_proj"), 0, D_SI, D_H, 4, 1.0f);
+        add_q(&T, N("mlp.shared_expert.down_proj"), 0, D_H, D_SI, 4, 1.0f);
+        add_q(&T, N("mlp.switch_mlp.gate_proj"), D_E, D_I, D_H, 4, 1.0f);
+        add_q(&T, N("mlp.switch_mlp.up_proj"), D_E, D_I, D_H, 4, 1.0f);
+        add_q(&T, N("mlp.switch_mlp.down_proj"), D_E, D_H, D_I, 4, 1.0f);
+#undef N
+    }
+    sbuf h = {0};
+    sb_puts(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
+    size_t off = 0;
+    for (int i = 0; i < T.n; i++) {
+        tensor *t = &T.v[i];
+        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, st_dtype_name(t->dt));
+        for (int d = 0; d < t->nd; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+        sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->bytes);
+        off += t->bytes;
+    }
+    sb_puts(&h, "}");
+    while (h.n % 8) sb_putc(&h, ' ');
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    int rc = 0;
+    if (!f) rc = lilac_fail(err, "demo: cannot write %s: %s", path, strerror(errno));
+    else {
+        unsigned char le[8];
+        for (int b = 0; b < 8; b++) le[b] = (unsigned char)((uint64_t)h.n >> (8 * b));
+        bool ok = fwrite(le, 1, 8, f) == 8 && fwrite(h.p, 1, h.n, f) == h.n;
+        for (int i = 0; i < T.n && ok; i++) ok = fwrite(T.v[i].data, 1, T.v[i].bytes, f) == T.v[i].bytes;
+        if (fclose(f) != 0 || !ok) rc = lilac_fail(err, "demo: writing %s failed (disk full?)", path);
+    }
+    for (int i = 0; i < T.n; i++) free(T.v[i].data);
+    free(T.v);
+    sb_free(&h);
+    return rc;
+}
+
+int lilac_demo_build(const char *dir, lilac_err *err) {
+    if (mkdir(dir, 0755) < 0 && errno != EEXIST) return lilac_fail(err, "demo: cannot create %s: %s", dir, strerror(errno));
+    if (write_tokenizer(dir, err) < 0) return -1;
+    return write_weights(dir, err);
+}
+
+static int mkdirs(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0755) < 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return mkdir(tmp, 0755) < 0 && errno != EEXIST ? -1 : 0;
+}
+
+int lilac_demo_dir(char *out, size_t n, lilac_err *err) {
+    const char *x = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (x && x[0]) snprintf(out, n, "%s/lilac/demo-v%d", x, LILAC_DEMO_VERSION);
+    else if (home && home[0]) snprintf(out, n, "%s/.cache/lilac/demo-v%d", home, LILAC_DEMO_VERSION);
+    else return lilac_fail(err, "demo: neither XDG_CACHE_HOME nor HOME is set; pass --out DIR");
+    return 0;
+}
+
+int lilac_demo_ensure(const char *dir, lilac_err *err) {
+    char probe[4096];
+    snprintf(probe, sizeof probe, "%s/model.safetensors", dir);
+    if (access(probe, R_OK) == 0) return 0;
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash && slash != parent) {
+        *slash = 0;
+        if (mkdirs(parent) < 0) return lilac_fail(err, "demo: cannot create %s: %s", parent, strerror(errno));
+    }
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", dir, (int)getpid());
+    if (lilac_demo_build(tmp, err) < 0) return -1;
+    if (rename(tmp, dir) < 0) {
+        if (access(probe, R_OK) == 0) return 0; /* built concurrently by another process */
+        return lilac_fail(err, "demo: cannot move %s to %s: %s", tmp, dir, strerror(errno));
+    }
+    return 0;
+}

@@ -1,0 +1,1132 @@
+/* http.c — the HTTP side of `lilac serve`; see server.h.
+ *
+ * libmicrohttpd in thread-per-connection mode: every handler and stream reader
+ * runs on its connection's own thread and may block (on the job's condition
+ * variable, with a timeout so keepalive pings and disconnect probes happen). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <strings.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../chat/chat.h"
+#include "outparse.h"
+#include "request.h"
+#include "sbuf.h"
+#include "server.h"
+
+struct srv {
+    srv_options o;
+    struct MHD_Daemon *d;
+    srv_backend b;
+    atomic_int ready;    /* 0 loading, 1 ready, 2 stopping */
+    atomic_ullong http_requests, http_errors;
+    atomic_ullong next_id;
+};
+
+void srv_options_default(srv_options *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->alias = "qwen3.6-35b-a3b";
+    o->max_body = 32u << 20;
+    o->ping_s = 5;
+    o->timeout_s = 60;
+    o->max_conns = 512;
+    o->reasoning = REASONING_CONTENT;
+    o->disconnect_check = true;
+}
+
+/* ---- per-connection state --------------------------------------------------- */
+
+typedef struct {
+    srv *S;
+    sbuf body;
+    bool too_big, responded;
+    eng_job *job; /* a reference, so the completion callback can cancel it */
+} conn_ctx;
+
+/* ---- small helpers ------------------------------------------------------------- */
+
+static void add_cors(srv *S, struct MHD_Connection *c, struct MHD_Response *r) {
+    if (!S->o.cors_origin) return;
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!strcmp(S->o.cors_origin, "*")) MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    else if (origin && !strcmp(origin, S->o.cors_origin)) {
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+        MHD_add_response_header(r, "Vary", "Origin");
+    }
+}
+
+static enum MHD_Result send_buf(srv *S, struct MHD_Connection *c, unsigned status, const char *ctype, const char *p,
+                                size_t n) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(n, (void *)p, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    add_cors(S, c, r);
+    enum MHD_Result ok = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result send_json(srv *S, struct MHD_Connection *c, unsigned status, const sbuf *b) {
+    return send_buf(S, c, status, "application/json", b->p ? b->p : "", b->n);
+}
+
+static void error_json(sbuf *b, const srv_error *e) {
+    sb_puts(b, "{\"error\":{\"message\":");
+    sb_json_str(b, e->message, strlen(e->message));
+    sb_puts(b, ",\"type\":");
+    sb_json_str(b, e->type, strlen(e->type));
+    sb_puts(b, ",\"param\":");
+    if (e->param[0]) sb_json_str(b, e->param, strlen(e->param));
+    else sb_puts(b, "null");
+    sb_puts(b, ",\"code\":");
+    if (e->code[0]) sb_json_str(b, e->code, strlen(e->code));
+    else sb_printf(b, "%d", e->status);
+    if (e->n_prompt > 0) sb_printf(b, ",\"n_prompt_tokens\":%ld,\"n_ctx\":%ld", e->n_prompt, e->n_ctx);
+    sb_puts(b, "}}");
+}
+
+static enum MHD_Result send_error(srv *S, struct MHD_Connection *c, const srv_error *e) {
+    atomic_fetch_add(&S->http_errors, 1);
+    sbuf b = {0};
+    error_json(&b, e);
+    struct MHD_Response *r = MHD_create_response_from_buffer(b.n, b.p, MHD_RESPMEM_MUST_COPY);
+    sb_free(&b);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    if (e->status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (e->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    add_cors(S, c, r);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result fail(srv *S, struct MHD_Connection *c, int status, const char *type, const char *param,
+                            const char *code, const char *msg) {
+    srv_error e;
+    srv_err(&e, status, type, param, code, "%s", msg);
+    return send_error(S, c, &e);
+}
+
+/* Has the peer closed its side (or the socket failed)? */
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? (int)ci->connect_fd : -1;
+}
+
+/* Constant-time comparison of a presented key against each configured key. */
+static bool key_ok(const char *keys, const char *given) {
+    if (!given) return false;
+    size_t gl = strlen(given);
+    bool ok = false;
+    const char *k = keys;
+    while (*k) {
+        const char *end = strchr(k, ',');
+        size_t kl = end ? (size_t)(end - k) : strlen(k);
+        unsigned diff = (unsigned)(kl ^ gl);
+        for (size_t i = 0; i < kl; i++) diff |= (unsigned char)k[i] ^ (unsigned char)(i < gl ? given[i] : 0);
+        ok |= kl > 0 && diff == 0;
+        if (!end) break;
+        k = end + 1;
+    }
+    return ok;
+}
+
+static bool authorized(srv *S, struct MHD_Connection *c) {
+    if (!S->o.api_key || !S->o.api_key[0]) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+        if (key_ok(S->o.api_key, h)) return true;
+    }
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return key_ok(S->o.api_key, x);
+}
+
+static void make_id(srv *S, char *out, size_t n, const char *prefix) {
+    uint64_t x = atomic_fetch_add(&S->next_id, 1) * 0x9e3779b97f4a7c15ull ^ (uint64_t)(lilac_now() * 1e9);
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    snprintf(out, n, "%s%016llx%08x", prefix, (unsigned long long)x, (unsigned)(x >> 17) ^ (unsigned)getpid());
+}
+
+/* ---- prompts ---------------------------------------------------------------- */
+
+/* Render + tokenise a chat request. 0, or -1 + e. */
+static int chat_prompt(srv *S, const srv_request *r, bool add_gen, lilac_prompt *pr, lilac_ids *ids, srv_error *e) {
+    lilac_chat_opts co;
+    lilac_chat_opts_default(&co);
+    co.enable_thinking = r->enable_thinking;
+    co.preserve_thinking = r->preserve_thinking;
+    co.add_generation_prompt = add_gen;
+    lilac_err err = {{0}};
+    memset(pr, 0, sizeof *pr);
+    if (lilac_chat_render(r->messages, r->tools, &co, pr, &err) < 0)
+        return srv_bad(e, "messages", "cannot render the chat template: %s", err.msg);
+    if (ids && lilac_prompt_encode(S->b.tok, pr, false, ids, &err) < 0)
+        return srv_bad(e, "messages", "cannot tokenise the prompt: %s", err.msg);
+    return 0;
+}
+
+/* ---- generation results --------------------------------------------------------- */
+
+typedef struct {
+    char id[40];
+    char *name;
+    sbuf args;
+} tool_call;
+
+typedef struct { /* what the output parser produced (non-streaming) */
+    sbuf reasoning, content;
+    tool_call *calls;
+    int n_calls;
+} collected;
+
+static void col_reasoning(void *ud, const char *s, size_t n) { sb_put(&((collected *)ud)->reasoning, s, n); }
+static void col_content(void *ud, const char *s, size_t n) { sb_put(&((collected *)ud)->content, s, n); }
+static void col_open(void *ud, int index, const char *id, const char *name) {
+    collected *c = ud;
+    (void)index;
+    c->calls = xrealloc(c->calls, sizeof(tool_call) * (size_t)(c->n_calls + 1));
+    tool_call *t = &c->calls[c->n_calls++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->id, sizeof t->id, "%s", id);
+    t->name = xstrdup(name);
+}
+static void col_args(void *ud, int index, const char *s, size_t n) {
+    collected *c = ud;
+    if (index < c->n_calls) sb_put(&c->calls[index].args, s, n);
+}
+static const op_sink col_sink = {col_reasoning, col_content, col_open, col_args};
+
+static void col_free(collected *c) {
+    sb_free(&c->reasoning);
+    sb_free(&c->content);
+    for (int i = 0; i < c->n_calls; i++) {
+        free(c->calls[i].name);
+        sb_free(&c->calls[i].args);
+    }
+    free(c->calls);
+}
+
+static void json_token_bytes(sbuf *b, const lilac_tokenizer *t, int32_t id, bool with_bytes) {
+    size_t n = 0;
+    const uint8_t *p = lilac_tok_bytes(t, id, &n);
+    sb_puts(b, "\"token\":");
+    sb_json_str(b, p ? (const char *)p : "", n);
+    if (!with_bytes) return;
+    sb_puts(b, ",\"bytes\":[");
+    for (size_t i = 0; i < n; i++) sb_printf(b, i ? ",%u" : "%u", p[i]);
+    sb_puts(b, "]");
+}
+
+/* Chat logprobs object for toks[0..n): {"content":[...]} */
+static void chat_logprobs(sbuf *b, const lilac_tokenizer *t, const eng_tok *toks, int n) {
+    sb_puts(b, "{\"content\":[");
+    for (int i = 0; i < n; i++) {
+        const eng_tok *x = &toks[i];
+        sb_puts(b, i ? ",{" : "{");
+        json_token_bytes(b, t, x->id, true);
+        sb_puts(b, ",\"logprob\":");
+        sb_json_num(b, x->lp);
+        sb_puts(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < x->n_top; k++) {
+            sb_puts(b, k ? ",{" : "{");
+            json_token_bytes(b, t, x->top_id[k], true);
+            sb_puts(b, ",\"logprob\":");
+            sb_json_num(b, x->top_lp[k]);
+            sb_puts(b, "}");
+        }
+        sb_puts(b, "]}");
+    }
+    sb_puts(b, "]}");
+}
+
+/* Completions logprobs: {"tokens","token_logprobs","top_logprobs","text_offset"} */
+static void cmpl_logprobs(sbuf *b, const lilac_tokenizer *t, const eng_tok *toks, int n, size_t text_off) {
+    sb_puts(b, "{\"tokens\":[");
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        const uint8_t *p = lilac_tok_bytes(t, toks[i].id, &len);
+        if (i) sb_putc(b, ',');
+        sb_json_str(b, p ? (const char *)p : "", len);
+    }
+    sb_puts(b, "],\"token_logprobs\":[");
+    for (int i = 0; i < n; i++) {
+        if (i) sb_putc(b, ',');
+        sb_json_num(b, toks[i].lp);
+    }
+    sb_puts(b, "],\"top_logprobs\":[");
+    for (int i = 0; i < n; i++) {
+        sb_puts(b, i ? ",{" : "{");
+        for (int k = 0; k < toks[i].n_top; k++) {
+            size_t len = 0;
+            const uint8_t *p = lilac_tok_bytes(t, toks[i].top_id[k], &len);
+            if (k) sb_putc(b, ',');
+            sb_json_str(b, p ? (const char *)p : "", len);
+            sb_putc(b, ':');
+            sb_json_num(b, toks[i].top_lp[k]);
+        }
+        sb_puts(b, "}");
+    }
+    sb_puts(b, "],\"text_offset\":[");
+    size_t off = text_off;
+    for (int i = 0; i < n; i++) {
+        size_t len = 0;
+        lilac_tok_bytes(t, toks[i].id, &len);
+        sb_printf(b, i ? ",%zu" : "%zu", off);
+        off += len;
+    }
+    sb_puts(b, "]}");
+}
+
+static void usage_json(sbuf *b, const eng_job *j) {
+    sb_printf(b,
+              "{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d,"
+              "\"prompt_tokens_details\":{\"cached_tokens\":%d}}",
+              j->n_prompt, j->n_gen, j->n_prompt + j->n_gen, j->n_cached);
+}
+
+static void timings_json(sbuf *b, const eng_job *j) {
+    int prompt_n = j->n_prompt - j->n_cached;
+    double pms = (j->t_first - j->t_start) * 1e3, dms = (j->t_end - j->t_first) * 1e3;
+    if (pms < 0) pms = 0;
+    if (dms < 0) dms = 0;
+    int pred = j->n_gen > 1 ? j->n_gen - 1 : 0; /* tokens decoded after the first */
+    sb_printf(b, "{\"cache_n\":%d,\"prompt_n\":%d,\"prompt_ms\":%.3f,\"prompt_per_token_ms\":%.3f,"
+                 "\"prompt_per_second\":%.3f,\"predicted_n\":%d,\"predicted_ms\":%.3f,"
+                 "\"predicted_per_token_ms\":%.3f,\"predicted_per_second\":%.3f}",
+              j->n_cached, prompt_n, pms, prompt_n ? pms / prompt_n : 0.0, pms > 0 ? prompt_n / pms * 1e3 : 0.0,
+              j->n_gen, dms, pred ? dms / pred : 0.0, dms > 0 ? pred / dms * 1e3 : 0.0);
+}
+
+static const char *finish_reason(const eng_job *j, int n_calls) {
+    if (!strcmp(j->finish, "length")) return "length";
+    return n_calls > 0 ? "tool_calls" : "stop";
+}
+
+/* ---- job set-up ------------------------------------------------------------------ */
+
+typedef struct {
+    srv_request r;
+    lilac_ids ids;
+    eng_job *job;
+} gen_req;
+
+static void gen_req_free(gen_req *g) {
+    srv_request_free(&g->r);
+    lilac_ids_free(&g->ids);
+    eng_job_unref(g->job);
+}
+
+/* Parse, render, tokenise, check the context and build the job. 0 or -1 + e. */
+static int prepare(srv *S, const char *body, size_t len, req_kind kind, gen_req *g, srv_error *e) {
+    memset(g, 0, sizeof *g);
+    if (srv_parse_request(body, len, kind, &g->r, e) < 0) return -1;
+    srv_request *r = &g->r;
+    if (S->o.strict_model && r->model[0] && strcmp(r->model, S->o.alias))
+        return srv_err(e, 404, "not_found_error", "model", "model_not_found", "The model '%.100s' does not exist.",
+                       r->model);
+    lilac_err err = {{0}};
+    if (kind == REQ_CHAT) {
+        lilac_prompt pr;
+        int rc = chat_prompt(S, r, true, &pr, &g->ids, e);
+        lilac_prompt_free(&pr);
+        if (rc < 0) return -1;
+    } else if (r->prompt_ids) {
+        int32_t V = (int32_t)S->b.model->cfg.vocab;
+        for (int i = 0; i < r->n_prompt_ids; i++) {
+            if (r->prompt_ids[i] >= V) return srv_bad(e, "prompt", "token id %d is outside the vocabulary (%d)", r->prompt_ids[i], V);
+            lilac_ids_push(&g->ids, r->prompt_ids[i]);
+        }
+    } else if (lilac_tok_encode(S->b.tok, r->prompt, r->prompt_len, LILAC_TOK_SPECIAL, &g->ids, &err) < 0)
+        return srv_bad(e, "prompt", "cannot tokenise the prompt: %s", err.msg);
+    long n = (long)g->ids.n, ctx = (long)S->b.max_seq;
+    if (n == 0) return srv_bad(e, kind == REQ_CHAT ? "messages" : "prompt", "the prompt is empty");
+    if (n >= ctx || (r->max_tokens > 0 && n + r->max_tokens > ctx)) {
+        srv_err(e, 400, "exceed_context_size_error", kind == REQ_CHAT ? "messages" : "prompt", "context_length_exceeded",
+                "This model's maximum context length is %ld tokens. However, you requested %ld tokens (%ld in the "
+                "messages, %ld in the completion). Please reduce the length of the messages or completion. "
+                "(request (%ld tokens) exceeds the available context size (%ld tokens), try increasing it)",
+                ctx, n + (r->max_tokens > 0 ? r->max_tokens : 0), n, r->max_tokens > 0 ? r->max_tokens : 0, n, ctx);
+        e->n_prompt = n;
+        e->n_ctx = ctx;
+        return -1;
+    }
+    eng_job *j = g->job = eng_job_new();
+    j->n_prompt = (int)n;
+    j->prompt = xmalloc(sizeof(int32_t) * (size_t)n);
+    memcpy(j->prompt, g->ids.ids, sizeof(int32_t) * (size_t)n);
+    j->max_tokens = r->max_tokens > 0 ? (int)r->max_tokens : (int)(ctx - n);
+    /* sampling: request fields, else generation_config, else neutral */
+    lilac_sampling s = r->samp;
+    const lilac_sampling *d = &S->b.defaults;
+    unsigned ds = S->b.defaults_set;
+    if (!(r->set & SET_TEMP) && (ds & SET_TEMP)) s.temperature = d->temperature;
+    if (!(r->set & SET_TOP_P) && (ds & SET_TOP_P)) s.top_p = d->top_p;
+    if (!(r->set & SET_TOP_K) && (ds & SET_TOP_K)) s.top_k = d->top_k;
+    if (!(r->set & SET_MIN_P) && (ds & SET_MIN_P)) s.min_p = d->min_p;
+    if (!(r->set & SET_REP) && (ds & SET_REP)) s.repetition_penalty = d->repetition_penalty;
+    if (!(r->set & SET_PRES) && (ds & SET_PRES)) s.presence_penalty = d->presence_penalty;
+    j->samp = s;
+    j->n_stops = r->n_stops;
+    if (r->n_stops) {
+        j->stops = xcalloc((size_t)r->n_stops, sizeof(char *));
+        for (int i = 0; i < r->n_stops; i++) j->stops[i] = xstrdup(r->stops[i]);
+    }
+    j->logprobs = r->logprobs;
+    j->top_logprobs = r->top_logprobs;
+    j->ignore_eos = r->ignore_eos;
+    j->cache_prompt = r->cache_prompt;
+    if (S->o.test_hooks && r->forced) {
+        lilac_ids f = {0};
+        if (lilac_tok_encode(S->b.tok, r->forced, r->forced_len, LILAC_TOK_SPECIAL, &f, &err) < 0) {
+            lilac_ids_free(&f);
+            return srv_bad(e, "lilac_forced_output", "%s", err.msg);
+        }
+        j->forced = f.ids ? f.ids : xmalloc(sizeof(int32_t));
+        j->n_forced = (int)f.n;
+    }
+    return 0;
+}
+
+static int submit(srv *S, conn_ctx *cc, eng_job *j, srv_error *e) {
+    if (atomic_load(&S->ready) != 1)
+        return srv_err(e, 503, "unavailable_error", NULL, NULL, "the server is shutting down");
+    if (eng_submit(S->b.engine, j) < 0)
+        return srv_err(e, 503, "unavailable_error", NULL, NULL, "the server is busy: the request queue is full, retry later");
+    eng_job_ref(j);
+    cc->job = j;
+    return 0;
+}
+
+/* ---- non-streaming ------------------------------------------------------------------ */
+
+/* Wait for the job; false if the client went away (job cancelled). */
+static bool wait_done(srv *S, eng_job *j, int fd) {
+    pthread_mutex_lock(&j->mu);
+    while (j->state != JOB_DONE) {
+        eng_job_wait(j, 0.05);
+        if (j->state != JOB_DONE && S->o.disconnect_check && peer_gone(fd)) {
+            pthread_mutex_unlock(&j->mu);
+            eng_job_cancel(j);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&j->mu);
+    return true;
+}
+
+static enum MHD_Result generation_error(srv *S, struct MHD_Connection *c, const eng_job *j) {
+    if (!strcmp(j->finish, "cancelled"))
+        return fail(S, c, 503, "unavailable_error", NULL, NULL, "the request was cancelled: the server is shutting down");
+    if (!S->o.quiet) fprintf(stderr, "lilac serve: generation failed: %s\n", j->error);
+    return fail(S, c, 500, "server_error", NULL, NULL, "generation failed (see the server log)");
+}
+
+static enum MHD_Result respond_once(srv *S, struct MHD_Connection *c, conn_ctx *cc, gen_req *g) {
+    eng_job *j = g->job;
+    if (!wait_done(S, j, conn_fd(c))) return MHD_NO;
+    if (!strcmp(j->finish, "cancelled") || !strcmp(j->finish, "error")) return generation_error(S, c, j);
+    (void)cc;
+    char id[48];
+    sbuf b = {0};
+    const srv_request *r = &g->r;
+    const char *model = r->model[0] ? r->model : S->o.alias;
+    if (r->kind == REQ_CHAT) {
+        collected col = {0};
+        op_parser *op = op_new(r->enable_thinking, r->tools);
+        op_feed(op, j->text.p, j->text.n, &col_sink, &col);
+        op_finish(op, &col_sink, &col);
+        op_free(op);
+        make_id(S, id, sizeof id, "chatcmpl-");
+        sb_printf(&b, "{\"id\":\"%s\",\"object\":\"chat.completion\",\"created\":%ld,\"model\":", id, (long)time(NULL));
+        sb_json_str(&b, model, strlen(model));
+        sb_puts(&b, ",\"system_fingerprint\":\"lilac\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":");
+        if (col.content.n || !col.n_calls) sb_json_str(&b, col.content.p ? col.content.p : "", col.content.n);
+        else sb_puts(&b, "null");
+        if (col.reasoning.n) {
+            if (S->o.reasoning & REASONING_CONTENT) {
+                sb_puts(&b, ",\"reasoning_content\":");
+                sb_json_str(&b, col.reasoning.p, col.reasoning.n);
+            }
+            if (S->o.reasoning & REASONING_FIELD) {
+                sb_puts(&b, ",\"reasoning\":");
+                sb_json_str(&b, col.reasoning.p, col.reasoning.n);
+            }
+        }
+        if (col.n_calls) {
+            sb_puts(&b, ",\"tool_calls\":[");
+            for (int i = 0; i < col.n_calls; i++) {
+                sb_printf(&b, "%s{\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", i ? "," : "", col.calls[i].id);
+                sb_json_str(&b, col.calls[i].name, strlen(col.calls[i].name));
+                sb_puts(&b, ",\"arguments\":");
+                sb_json_str(&b, col.calls[i].args.p ? col.calls[i].args.p : "{}", col.calls[i].args.p ? col.calls[i].args.n : 2);
+                sb_puts(&b, "}}");
+            }
+            sb_puts(&b, "]");
+        }
+        sb_puts(&b, "},\"logprobs\":");
+        if (j->logprobs) chat_logprobs(&b, S->b.tok, j->toks, j->n_toks);
+        else sb_puts(&b, "null");
+        sb_printf(&b, ",\"finish_reason\":\"%s\"}]", finish_reason(j, col.n_calls));
+        col_free(&col);
+    } else {
+        make_id(S, id, sizeof id, "cmpl-");
+        sb_printf(&b, "{\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%ld,\"model\":", id, (long)time(NULL));
+        sb_json_str(&b, model, strlen(model));
+        sb_puts(&b, ",\"system_fingerprint\":\"lilac\",\"choices\":[{\"index\":0,\"text\":");
+        sb_json_str(&b, j->text.p, j->text.n);
+        sb_puts(&b, ",\"logprobs\":");
+        if (j->logprobs) cmpl_logprobs(&b, S->b.tok, j->toks, j->n_toks, 0);
+        else sb_puts(&b, "null");
+        sb_printf(&b, ",\"finish_reason\":\"%s\"}]", finish_reason(j, 0));
+    }
+    sb_puts(&b, ",\"usage\":");
+    usage_json(&b, j);
+    sb_puts(&b, ",\"timings\":");
+    timings_json(&b, j);
+    sb_puts(&b, "}");
+    enum MHD_Result ok = send_json(S, c, 200, &b);
+    sb_free(&b);
+    return ok;
+}
+
+/* ---- streaming -------------------------------------------------------------------------- */
+
+typedef struct {
+    srv *S;
+    eng_job *job;
+    op_parser *op;
+    int fd;
+    bool chat, include_usage, logprobs, ended, role_sent;
+    char id[48];
+    long created;
+    char *model;
+    size_t text_off;   /* bytes of job->text consumed */
+    int tok_off;       /* tokens whose logprobs were sent */
+    int lp_from;       /* first token not yet attached to a chunk */
+    eng_tok *new_toks; /* tokens of this round (copied) */
+    int n_new;
+    bool lp_attached;
+    sbuf out;          /* SSE bytes not yet handed to MHD */
+    double last_write;
+} stream;
+
+static void chunk_open(stream *st, sbuf *b) {
+    sb_printf(b, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", st->id,
+              st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+    sb_json_str(b, st->model, strlen(st->model));
+    sb_puts(b, ",\"system_fingerprint\":\"lilac\",\"choices\":[{\"index\":0,");
+}
+
+static void chunk_close(stream *st, sbuf *b, const char *finish) {
+    sb_puts(b, ",\"logprobs\":");
+    if (st->logprobs && !st->lp_attached && st->n_new) {
+        if (st->chat) chat_logprobs(b, st->S->b.tok, st->new_toks, st->n_new);
+        else cmpl_logprobs(b, st->S->b.tok, st->new_toks, st->n_new, st->text_off);
+        st->lp_attached = true;
+    } else if (st->logprobs && finish) sb_puts(b, st->chat ? "{\"content\":[]}" : "null");
+    else sb_puts(b, "null");
+    sb_puts(b, ",\"finish_reason\":");
+    if (finish) sb_printf(b, "\"%s\"", finish);
+    else sb_puts(b, "null");
+    sb_puts(b, "}]");
+    if (st->include_usage) sb_puts(b, ",\"usage\":null");
+    sb_puts(b, "}\n\n");
+}
+
+static void delta_text(stream *st, const char *field, const char *s, size_t n) {
+    if (!n) return;
+    sbuf *b = &st->out;
+    chunk_open(st, b);
+    if (st->chat) {
+        sb_printf(b, "\"delta\":{\"%s\":", field);
+        sb_json_str(b, s, n);
+        sb_puts(b, "}");
+    } else {
+        sb_puts(b, "\"text\":");
+        sb_json_str(b, s, n);
+    }
+    chunk_close(st, b, NULL);
+}
+
+static void st_reasoning(void *ud, const char *s, size_t n) {
+    stream *st = ud;
+    if (st->S->o.reasoning & REASONING_CONTENT) delta_text(st, "reasoning_content", s, n);
+    if (st->S->o.reasoning & REASONING_FIELD) delta_text(st, "reasoning", s, n);
+}
+static void st_content(void *ud, const char *s, size_t n) { delta_text(ud, "content", s, n); }
+static void st_open(void *ud, int index, const char *id, const char *name) {
+    stream *st = ud;
+    sbuf *b = &st->out;
+    chunk_open(st, b);
+    sb_printf(b, "\"delta\":{\"tool_calls\":[{\"index\":%d,\"id\":\"%s\",\"type\":\"function\",\"function\":{\"name\":", index, id);
+    sb_json_str(b, name, strlen(name));
+    sb_puts(b, ",\"arguments\":\"\"}}]}");
+    chunk_close(st, b, NULL);
+}
+static void st_args(void *ud, int index, const char *s, size_t n) {
+    stream *st = ud;
+    sbuf *b = &st->out;
+    chunk_open(st, b);
+    sb_printf(b, "\"delta\":{\"tool_calls\":[{\"index\":%d,\"function\":{\"arguments\":", index);
+    sb_json_str(b, s, n);
+    sb_puts(b, "}}]}");
+    chunk_close(st, b, NULL);
+}
+static const op_sink st_sink = {st_reasoning, st_content, st_open, st_args};
+
+/* Wait for news from the job and turn it into SSE bytes in st->out. */
+static void produce(stream *st) {
+    srv *S = st->S;
+    eng_job *j = st->job;
+    sbuf text = {0};
+    pthread_mutex_lock(&j->mu);
+    if (j->text.n == st->text_off && j->n_toks == st->tok_off && j->state != JOB_DONE) eng_job_wait(j, 0.05);
+    sb_put(&text, j->text.p + st->text_off, j->text.n - st->text_off);
+    int n_toks = j->n_toks;
+    st->n_new = n_toks - st->tok_off;
+    if (st->n_new > 0) {
+        st->new_toks = xrealloc(st->new_toks, sizeof(eng_tok) * (size_t)st->n_new);
+        memcpy(st->new_toks, j->toks + st->tok_off, sizeof(eng_tok) * (size_t)st->n_new);
+    }
+    bool done = j->state == JOB_DONE;
+    pthread_mutex_unlock(&j->mu);
+    st->lp_attached = st->n_new <= 0;
+    size_t before = st->out.n;
+    if (!st->role_sent && st->chat) {
+        chunk_open(st, &st->out);
+        sb_puts(&st->out, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}");
+        bool save = st->lp_attached;
+        st->lp_attached = true;
+        chunk_close(st, &st->out, NULL);
+        st->lp_attached = save;
+    }
+    st->role_sent = true;
+    if (text.n) {
+        if (st->chat) op_feed(st->op, text.p, text.n, &st_sink, st);
+        else delta_text(st, "text", text.p, text.n);
+    }
+    if (!st->lp_attached) { /* logprobs whose text is held back: wait for the next chunk */
+    } else {
+        st->tok_off = n_toks;
+    }
+    st->text_off += text.n;
+    sb_free(&text);
+    if (done) {
+        if (!strcmp(j->finish, "cancelled") || !strcmp(j->finish, "error")) {
+            if (!S->o.quiet && !strcmp(j->finish, "error")) fprintf(stderr, "lilac serve: generation failed: %s\n", j->error);
+            sb_puts(&st->out, !strcmp(j->finish, "error")
+                                  ? "data: {\"error\":{\"message\":\"generation failed (see the server log)\",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\n"
+                                  : "data: {\"error\":{\"message\":\"the request was cancelled: the server is shutting down\",\"type\":\"unavailable_error\",\"param\":null,\"code\":503}}\n\n");
+        } else {
+            if (st->chat) op_finish(st->op, &st_sink, st);
+            int n_calls = st->chat ? op_n_tools(st->op) : 0;
+            chunk_open(st, &st->out);
+            sb_puts(&st->out, st->chat ? "\"delta\":{}" : "\"text\":\"\"");
+            chunk_close(st, &st->out, finish_reason(j, n_calls));
+            if (st->include_usage) {
+                sb_printf(&st->out, "data: {\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", st->id,
+                          st->chat ? "chat.completion.chunk" : "text_completion", st->created);
+                sb_json_str(&st->out, st->model, strlen(st->model));
+                sb_puts(&st->out, ",\"system_fingerprint\":\"lilac\",\"choices\":[],\"usage\":");
+                usage_json(&st->out, j);
+                sb_puts(&st->out, ",\"timings\":");
+                timings_json(&st->out, j);
+                sb_puts(&st->out, "}\n\n");
+            }
+        }
+        sb_puts(&st->out, "data: [DONE]\n\n");
+        st->ended = true;
+    }
+    double now = lilac_now();
+    if (st->out.n > before) st->last_write = now;
+    else if (S->o.ping_s > 0 && now - st->last_write >= S->o.ping_s) {
+        sb_puts(&st->out, ": ping\n\n");
+        st->last_write = now;
+    }
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    stream *st = cls;
+    (void)pos;
+    for (;;) {
+        if (st->out.n) {
+            size_t n = st->out.n < max ? st->out.n : max;
+            memcpy(buf, st->out.p, n);
+            sb_consume(&st->out, n);
+            return (ssize_t)n;
+        }
+        if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (st->S->o.disconnect_check && peer_gone(st->fd)) {
+            eng_job_cancel(st->job);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        produce(st);
+    }
+}
+
+static void stream_free(void *cls) {
+    stream *st = cls;
+    eng_job_cancel(st->job); /* no-op when it finished */
+    eng_job_unref(st->job);
+    op_free(st->op);
+    free(st->model);
+    free(st->new_toks);
+    sb_free(&st->out);
+    free(st);
+}
+
+static enum MHD_Result respond_stream(srv *S, struct MHD_Connection *c, gen_req *g) {
+    stream *st = xcalloc(1, sizeof *st);
+    st->S = S;
+    st->job = g->job;
+    eng_job_ref(st->job);
+    st->chat = g->r.kind == REQ_CHAT;
+    st->include_usage = g->r.include_usage;
+    st->logprobs = g->r.logprobs;
+    st->fd = conn_fd(c);
+    st->created = (long)time(NULL);
+    st->model = xstrdup(g->r.model[0] ? g->r.model : S->o.alias);
+    make_id(S, st->id, sizeof st->id, st->chat ? "chatcmpl-" : "cmpl-");
+    if (st->chat) st->op = op_new(g->r.enable_thinking, g->r.tools);
+    st->last_write = lilac_now();
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
+    if (!r) {
+        stream_free(st);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    add_cors(S, c, r);
+    enum MHD_Result ok = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result handle_generate(srv *S, struct MHD_Connection *c, conn_ctx *cc, req_kind kind) {
+    gen_req g;
+    srv_error e;
+    if (prepare(S, cc->body.p, cc->body.n, kind, &g, &e) < 0 || submit(S, cc, g.job, &e) < 0) {
+        gen_req_free(&g);
+        return send_error(S, c, &e);
+    }
+    enum MHD_Result ok = g.r.stream ? respond_stream(S, c, &g) : respond_once(S, c, cc, &g);
+    gen_req_free(&g);
+    return ok;
+}
+
+/* ---- small endpoints ------------------------------------------------------------------- */
+
+static enum MHD_Result handle_models(srv *S, struct MHD_Connection *c) {
+    sbuf b = {0};
+    sb_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+    sb_json_str(&b, S->o.alias, strlen(S->o.alias));
+    sb_printf(&b, ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"lilac\"", (long)time(NULL));
+    if (atomic_load(&S->ready) == 1) {
+        sb_printf(&b, ",\"max_model_len\":%lld,\"context_length\":%lld,\"meta\":{\"n_ctx\":%lld,\"n_ctx_train\":%lld,\"n_vocab\":%lld}",
+                  (long long)S->b.max_seq, (long long)S->b.max_seq, (long long)S->b.max_seq,
+                  (long long)S->b.model->cfg.max_pos, (long long)S->b.model->cfg.vocab);
+    }
+    sb_puts(&b, "}]}");
+    enum MHD_Result ok = send_json(S, c, 200, &b);
+    sb_free(&b);
+    return ok;
+}
+
+static enum MHD_Result handle_metrics(srv *S, struct MHD_Connection *c) {
+    eng_stats st = {0};
+    if (S->b.engine) eng_get_stats(S->b.engine, &st);
+    sbuf b = {0};
+#define M(name, type, help, fmt, val) \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " " type "\n" name " " fmt "\n", val)
+    M("llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (prefill).", "%llu", (unsigned long long)st.prompt_tokens);
+    M("llamacpp:prompt_seconds_total", "counter", "Prefill time in seconds.", "%.6f", st.prompt_seconds);
+    M("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", "%llu", (unsigned long long)st.gen_tokens);
+    M("llamacpp:tokens_predicted_seconds_total", "counter", "Decode time in seconds.", "%.6f", st.decode_seconds);
+    M("llamacpp:n_decode_total", "counter", "Decode steps.", "%llu", (unsigned long long)st.decode_steps);
+    M("llamacpp:prompt_tokens_seconds", "gauge", "Average prefill throughput (tokens/s).", "%.3f",
+      st.prompt_seconds > 0 ? st.prompt_tokens / st.prompt_seconds : 0.0);
+    M("llamacpp:predicted_tokens_seconds", "gauge", "Average decode throughput (tokens/s).", "%.3f",
+      st.decode_seconds > 0 ? st.decode_steps / st.decode_seconds : 0.0);
+    M("llamacpp:requests_processing", "gauge", "Requests being generated.", "%d", st.running);
+    M("llamacpp:requests_deferred", "gauge", "Requests waiting in the queue.", "%d", st.queued);
+    M("lilac:queue_depth", "gauge", "Requests waiting in the queue.", "%d", st.queued);
+    M("lilac:slots", "gauge", "Sequence slots (--parallel).", "%d", st.n_slots);
+    M("lilac:http_requests_total", "counter", "HTTP requests received.", "%llu", (unsigned long long)atomic_load(&S->http_requests));
+    M("lilac:http_errors_total", "counter", "HTTP error responses sent.", "%llu", (unsigned long long)atomic_load(&S->http_errors));
+    M("lilac:requests_finished_total", "counter", "Generation requests finished.", "%llu", (unsigned long long)st.requests_done);
+    M("lilac:requests_cancelled_total", "counter", "Generation requests cancelled (client gone).", "%llu",
+      (unsigned long long)st.requests_cancelled);
+    M("lilac:requests_failed_total", "counter", "Generation requests failed.", "%llu", (unsigned long long)st.requests_error);
+    M("lilac:prompt_cached_tokens_total", "counter", "Prompt tokens reused from a cached prefix.", "%llu",
+      (unsigned long long)st.cached_tokens);
+#undef M
+    sb_puts(&b, "# HELP lilac:time_to_first_token_seconds Time from queueing to the first generated token.\n"
+                "# TYPE lilac:time_to_first_token_seconds histogram\n");
+    uint64_t total = 0;
+    for (int i = 0; i < ENG_TTFT_BUCKETS; i++) {
+        if (i == ENG_TTFT_BUCKETS - 1) sb_printf(&b, "lilac:time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)st.ttft_count[i]);
+        else sb_printf(&b, "lilac:time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n", eng_ttft_bounds[i], (unsigned long long)st.ttft_count[i]);
+        total = st.ttft_count[i];
+    }
+    sb_printf(&b, "lilac:time_to_first_token_seconds_sum %.6f\nlilac:time_to_first_token_seconds_count %llu\n", st.ttft_sum,
+              (unsigned long long)total);
+    enum MHD_Result ok = send_buf(S, c, 200, "text/plain; version=0.0.4", b.p, b.n);
+    sb_free(&b);
+    return ok;
+}
+
+static enum MHD_Result handle_tokenize(srv *S, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_error e;
+    json_t *o = srv_parse_object(cc->body.p, cc->body.n, &e);
+    if (!o) return send_error(S, c, &e);
+    lilac_ids ids = {0};
+    lilac_err err = {{0}};
+    bool pieces = json_is_true(json_object_get(o, "with_pieces"));
+    const json_t *ps = json_object_get(o, "parse_special");
+    bool special = !ps || json_is_null(ps) || json_is_true(ps);
+    const json_t *text = json_object_get(o, "content");
+    if (!text) text = json_object_get(o, "prompt");
+    enum MHD_Result ok;
+    if (json_object_get(o, "messages")) {
+        char *dump = json_dumps(o, JSON_COMPACT);
+        srv_request r;
+        lilac_prompt pr = {0};
+        int rc = dump ? srv_parse_request(dump, strlen(dump), REQ_CHAT, &r, &e) : srv_bad(&e, NULL, "bad body");
+        free(dump);
+        if (rc == 0) {
+            const json_t *agp = json_object_get(o, "add_generation_prompt");
+            rc = chat_prompt(S, &r, !agp || json_is_true(agp), &pr, &ids, &e);
+            lilac_prompt_free(&pr);
+            srv_request_free(&r);
+        }
+        if (rc < 0) goto fail;
+    } else if (json_is_string(text)) {
+        if (lilac_tok_encode(S->b.tok, json_string_value(text), json_string_length(text),
+                             special ? LILAC_TOK_SPECIAL : LILAC_TOK_PLAIN, &ids, &err) < 0) {
+            srv_bad(&e, "content", "%s", err.msg);
+            goto fail;
+        }
+    } else {
+        srv_bad(&e, "content", "'content' (or 'prompt', or 'messages') is required and must be a string");
+        goto fail;
+    }
+    sbuf b = {0};
+    sb_puts(&b, "{\"tokens\":[");
+    for (size_t i = 0; i < ids.n; i++) {
+        if (i) sb_putc(&b, ',');
+        if (pieces) {
+            size_t n = 0;
+            const uint8_t *p = lilac_tok_bytes(S->b.tok, ids.ids[i], &n);
+            sb_printf(&b, "{\"id\":%d,\"piece\":", ids.ids[i]);
+            sb_json_str(&b, p ? (const char *)p : "", n);
+            sb_putc(&b, '}');
+        } else sb_printf(&b, "%d", ids.ids[i]);
+    }
+    sb_printf(&b, "],\"count\":%zu,\"max_model_len\":%lld}", ids.n, (long long)S->b.max_seq);
+    ok = send_json(S, c, 200, &b);
+    sb_free(&b);
+    lilac_ids_free(&ids);
+    json_decref(o);
+    return ok;
+fail:
+    lilac_ids_free(&ids);
+    json_decref(o);
+    return send_error(S, c, &e);
+}
+
+static enum MHD_Result handle_detokenize(srv *S, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_error e;
+    json_t *o = srv_parse_object(cc->body.p, cc->body.n, &e);
+    if (!o) return send_error(S, c, &e);
+    const json_t *t = json_object_get(o, "tokens");
+    if (!json_is_array(t)) {
+        json_decref(o);
+        return fail(S, c, 400, "invalid_request_error", "tokens", NULL, "'tokens' must be an array of token ids");
+    }
+    size_t n = json_array_size(t);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (n + 1));
+    int32_t V = lilac_tok_vocab_size(S->b.tok);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= V) {
+            free(ids);
+            json_decref(o);
+            srv_bad(&e, "tokens", "'tokens[%zu]' is not a token id in [0, %d)", i, V);
+            return send_error(S, c, &e);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    size_t len = 0;
+    char *s = lilac_tok_decode(S->b.tok, ids, n, false, &len);
+    sbuf b = {0};
+    sb_puts(&b, "{\"content\":");
+    sb_json_str(&b, s ? s : "", s ? len : 0);
+    sb_puts(&b, ",\"prompt\":");
+    sb_json_str(&b, s ? s : "", s ? len : 0);
+    sb_puts(&b, "}");
+    enum MHD_Result ok = send_json(S, c, 200, &b);
+    sb_free(&b);
+    free(s);
+    free(ids);
+    json_decref(o);
+    return ok;
+}
+
+static enum MHD_Result handle_apply_template(srv *S, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_request r;
+    srv_error e;
+    if (srv_parse_request(cc->body.p, cc->body.n, REQ_CHAT, &r, &e) < 0) return send_error(S, c, &e);
+    const json_t *agp = json_object_get(r.root, "add_generation_prompt");
+    lilac_prompt pr = {0};
+    if (chat_prompt(S, &r, !agp || json_is_true(agp), &pr, NULL, &e) < 0) {
+        lilac_prompt_free(&pr);
+        srv_request_free(&r);
+        return send_error(S, c, &e);
+    }
+    sbuf b = {0};
+    sb_puts(&b, "{\"prompt\":");
+    sb_json_str(&b, pr.text, pr.len);
+    sb_puts(&b, "}");
+    enum MHD_Result ok = send_json(S, c, 200, &b);
+    sb_free(&b);
+    lilac_prompt_free(&pr);
+    srv_request_free(&r);
+    return ok;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------ */
+
+enum { R_NONE, R_HEALTH, R_METRICS, R_MODELS, R_CHAT, R_CMPL, R_TOKENIZE, R_DETOKENIZE, R_TEMPLATE };
+
+static int route(const char *url, bool *post) {
+    static const struct {
+        const char *path;
+        int r;
+        bool post;
+    } T[] = {{"/health", R_HEALTH, false},        {"/v1/health", R_HEALTH, false},
+             {"/metrics", R_METRICS, false},      {"/v1/models", R_MODELS, false},
+             {"/models", R_MODELS, false},        {"/v1/chat/completions", R_CHAT, true},
+             {"/chat/completions", R_CHAT, true}, {"/v1/completions", R_CMPL, true},
+             {"/completions", R_CMPL, true},      {"/tokenize", R_TOKENIZE, true},
+             {"/detokenize", R_DETOKENIZE, true}, {"/apply-template", R_TEMPLATE, true},
+             {"/v1/tokenize", R_TOKENIZE, true},  {"/v1/detokenize", R_DETOKENIZE, true}};
+    size_t n = strlen(url);
+    while (n > 1 && url[n - 1] == '/') n--; /* tolerate a trailing slash */
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        if (strlen(T[i].path) == n && !strncmp(T[i].path, url, n)) {
+            *post = T[i].post;
+            return T[i].r;
+        }
+    return R_NONE;
+}
+
+static enum MHD_Result dispatch(srv *S, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method) {
+    atomic_fetch_add(&S->http_requests, 1);
+    if (!strcmp(method, "OPTIONS")) {
+        struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        if (S->o.cors_origin) {
+            add_cors(S, c, r);
+            MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key");
+            MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+        }
+        enum MHD_Result ok = MHD_queue_response(c, 204, r);
+        MHD_destroy_response(r);
+        return ok;
+    }
+    bool post = false;
+    int rt = route(url, &post);
+    if (rt == R_NONE) return fail(S, c, 404, "not_found_error", NULL, NULL, "no such endpoint");
+    bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if ((post && strcmp(method, "POST")) || (!post && !is_get)) {
+        srv_error e;
+        srv_err(&e, 405, "invalid_request_error", NULL, NULL, "method %.20s is not allowed here; use %s", method,
+                post ? "POST" : "GET");
+        return send_error(S, c, &e);
+    }
+    if (cc->too_big) {
+        srv_error e;
+        srv_err(&e, 413, "invalid_request_error", NULL, "request_too_large", "the request body exceeds %zu bytes",
+                S->o.max_body);
+        return send_error(S, c, &e);
+    }
+    int ready = atomic_load(&S->ready);
+    if (rt == R_HEALTH) {
+        if (ready == 1) return send_buf(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+        return fail(S, c, 503, "unavailable_error", NULL, NULL, ready == 0 ? "Loading model" : "Shutting down");
+    }
+    if (rt == R_METRICS) return handle_metrics(S, c);
+    if (rt == R_MODELS) return handle_models(S, c);
+    if (!authorized(S, c)) return fail(S, c, 401, "authentication_error", NULL, "invalid_api_key", "Invalid API Key");
+    if (ready != 1)
+        return fail(S, c, 503, "unavailable_error", NULL, NULL, ready == 0 ? "Loading model" : "Shutting down");
+    switch (rt) {
+    case R_CHAT: return handle_generate(S, c, cc, REQ_CHAT);
+    case R_CMPL: return handle_generate(S, c, cc, REQ_COMPLETION);
+    case R_TOKENIZE: return handle_tokenize(S, c, cc);
+    case R_DETOKENIZE: return handle_detokenize(S, c, cc);
+    case R_TEMPLATE: return handle_apply_template(S, c, cc);
+    }
+    return fail(S, c, 404, "not_found_error", NULL, NULL, "no such endpoint");
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    srv *S = cls;
+    (void)version;
+    conn_ctx *cc = *con_cls;
+    if (!cc) {
+        cc = xcalloc(1, sizeof *cc);
+        cc->S = S;
+        *con_cls = cc;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl) {
+            char *end;
+            errno = 0;
+            unsigned long long n = strtoull(cl, &end, 10);
+            if (errno || *end || n > S->o.max_body) { /* answer at once; MHD then closes the connection */
+                cc->responded = true;
+                srv_error e;
+                srv_err(&e, 413, "invalid_request_error", NULL, "request_too_large",
+                        "the request body exceeds %zu bytes", S->o.max_body);
+                atomic_fetch_add(&S->http_requests, 1);
+                return send_error(S, c, &e);
+            }
+        }
+        return MHD_YES;
+    }
+    if (cc->responded) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cc->too_big) {
+            if (cc->body.n + *upload_size > S->o.max_body) {
+                cc->too_big = true;
+                sb_free(&cc->body);
+            } else sb_put(&cc->body, upload, *upload_size);
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    cc->responded = true;
+    return dispatch(S, c, cc, url, method);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    conn_ctx *cc = *con_cls;
+    if (!cc) return;
+    if (cc->job) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) eng_job_cancel(cc->job);
+        eng_job_unref(cc->job);
+    }
+    sb_free(&cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    srv *S = cls;
+    if (S->o.quiet) return;
+    fprintf(stderr, "lilac serve: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+srv *srv_start(const srv_options *o, int *port_out, lilac_err *err) {
+    signal(SIGPIPE, SIG_IGN);
+    srv *S = xcalloc(1, sizeof *S);
+    S->o = *o;
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)o->port);
+    if (inet_pton(AF_INET, o->host, &sa.sin_addr) != 1) {
+        lilac_fail(err, "serve: --host \"%s\" is not an IPv4 address", o->host);
+        free(S);
+        return NULL;
+    }
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
+                            (uint16_t)o->port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, S, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, MHD_OPTION_END);
+    if (!S->d) {
+        lilac_fail(err, "serve: cannot listen on %s:%d (%s)", o->host, o->port, strerror(errno));
+        free(S);
+        return NULL;
+    }
+    if (port_out) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->d, MHD_DAEMON_INFO_BIND_PORT);
+        *port_out = di ? di->port : o->port;
+    }
+    return S;
+}
+
+void srv_set_ready(srv *S, const srv_backend *b) {
+    S->b = *b;
+    atomic_store(&S->ready, 1);
+}
+
+void srv_stop(srv *S) {
+    if (!S) return;
+    atomic_store(&S->ready, 2);
+    MHD_socket ls = MHD_quiesce_daemon(S->d);
+    if (S->b.engine) eng_shutdown(S->b.engine); /* in-flight jobs end "cancelled"; streams close */
+    MHD_stop_daemon(S->d);
+    if (ls != MHD_INVALID_SOCKET) close(ls);
+    free(S);
+}
+
+void srv_load_generation_config(const char *dir, lilac_sampling *d, unsigned *set, int32_t **eos, int *n_eos) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!json_is_object(g)) {
+        json_decref(g);
+        return;
+    }
+    const json_t *v;
+    if (json_is_number(v = json_object_get(g, "temperature"))) d->temperature = (float)json_number_value(v), *set |= SET_TEMP;
+    if (json_is_number(v = json_object_get(g, "top_p"))) d->top_p = (float)json_number_value(v), *set |= SET_TOP_P;
+    if (json_is_integer(v = json_object_get(g, "top_k"))) d->top_k = (int)json_integer_value(v), *set |= SET_TOP_K;
+    if (json_is_number(v = json_object_get(g, "min_p"))) d->min_p = (float)json_number_value(v), *set |= SET_MIN_P;
+    if (json_is_number(v = json_object_get(g, "repetition_penalty")))
+        d->repetition_penalty = (float)json_number_value(v), *set |= SET_REP;
+    if (json_is_number(v = json_object_get(g, "presence_penalty")))
+        d->presence_penalty = (float)json_number_value(v), *set |= SET_PRES;
+    if (json_is_false(json_object_get(g, "do_sample"))) d->temperature = 0, *set |= SET_TEMP;
+    v = json_object_get(g, "eos_token_id");
+    for (size_t i = 0; i < (json_is_array(v) ? json_array_size(v) : json_is_integer(v) ? 1 : 0); i++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(x)) continue;
+        *eos = xrealloc(*eos, sizeof(int32_t) * (size_t)(*n_eos + 1));
+        (*eos)[(*n_eos)++] = (int32_t)json_integer_value(x);
+    }
+    json_decref(g);
+}

@@ -1,0 +1,69 @@
+/* request.h — parsing and validation of the OpenAI-style request bodies
+ * (/v1/chat/completions, /v1/completions). Pure: jansson only, no model, no
+ * socket, so the parser is fuzzed on its own (fuzz/fuzz_request.c).
+ *
+ * Every rejection fills an srv_error with the HTTP status and an OpenAI-shaped
+ * error (type, param, code, message); nothing here can crash on any input. */
+#ifndef LILAC_REQUEST_H
+#define LILAC_REQUEST_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../engine/sampler.h"
+
+typedef struct {
+    int status;        /* HTTP status */
+    char type[40];     /* invalid_request_error, authentication_error, ... */
+    char code[48];     /* "" -> null */
+    char param[64];    /* "" -> null */
+    char message[600];
+    long n_prompt, n_ctx; /* context errors: > 0 adds n_prompt_tokens / n_ctx */
+} srv_error;
+
+/* Fill e; returns -1 for `return srv_err(...)`. */
+int srv_err(srv_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+#define srv_bad(e, param, ...) srv_err(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+
+typedef enum { REQ_CHAT, REQ_COMPLETION } req_kind;
+
+enum { SET_TEMP = 1, SET_TOP_P = 2, SET_TOP_K = 4, SET_MIN_P = 8, SET_REP = 16, SET_PRES = 32, SET_FREQ = 64 };
+
+enum { TOOLS_NONE, TOOLS_AUTO, TOOLS_REQUIRED, TOOLS_NAMED };
+
+typedef struct {
+    req_kind kind;
+    json_t *root;            /* the parsed body (owned) */
+    json_t *messages;        /* chat: a normalised copy (owned; developer -> system) */
+    const json_t *tools;     /* chat: borrowed from root; NULL if absent or tool_choice "none" */
+    int tool_choice;
+    const char *prompt;      /* completion: text (borrowed from root) */
+    size_t prompt_len;
+    int32_t *prompt_ids;     /* completion: given as token ids (owned) */
+    int n_prompt_ids;
+    const char *model;       /* "" when absent */
+    bool stream, include_usage;
+    long max_tokens;         /* -1: not given */
+    lilac_sampling samp;
+    unsigned set;            /* SET_*: the sampling fields the request gave */
+    char **stops;            /* owned */
+    int n_stops;
+    bool logprobs;
+    int top_logprobs;
+    bool enable_thinking, preserve_thinking;
+    bool ignore_eos, cache_prompt;
+    const char *forced;      /* "lilac_forced_output" (honoured only with --test-hooks) */
+    size_t forced_len;
+} srv_request;
+
+/* Parse and validate `len` bytes of body. 0, or -1 with e filled (r is then
+ * freed already). */
+int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e);
+void srv_request_free(srv_request *r);
+
+/* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e. */
+json_t *srv_parse_object(const char *body, size_t len, srv_error *e);
+
+#endif
