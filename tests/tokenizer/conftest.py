@@ -13,6 +13,7 @@ SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
 QWEN3_TOK = os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer.json")
 TEMPLATE_DIR = os.path.join(SHARED, "templates", "qwen3.6")
 GEN = os.path.join(ROOT, "tests", "fixtures", "gen")
+os.makedirs(GEN, exist_ok=True)
 
 # The Qwen3.5/3.6 split regex (spec/model.md section 5): adds \p{M} to letter runs.
 QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}|"

@@ -239,7 +239,7 @@ def test_ids_match_hf_apply_chat_template(name):
     assert lilac_ids(c) == hf
 
 
-def test_ids_safety():
+def test_ids_safety(tokenizer_files):
     """Added-token strings typed in content stay text; the template's own tokens
     stay special. --special-in-content gives HF's (unsafe) ids."""
     from tokenizers import Tokenizer
@@ -256,7 +256,7 @@ def test_ids_safety():
     assert safe.count(tok.token_to_id("<think>")) == 1 and tok.token_to_id("<tool_call>") not in safe
     # oracle for the safe ids: split the text at the template's own added tokens,
     # encode the pieces between them with no added tokens at all
-    plain = Tokenizer.from_file(os.path.join(GEN, "tokenizer_qwen3_noadded.json"))
+    plain = Tokenizer.from_file(tokenizer_files["qwen3_noadded"])
     user_strings = [m["content"] for m in c["messages"]]
     spans = []
     for s in user_strings:
