@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 extern "C" {
@@ -332,7 +333,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             ok = dalloc(s, &s->kc[(size_t)l], (size_t)(max_seq * kvw), err) == 0 &&
                  dalloc(s, &s->vc[(size_t)l], (size_t)(max_seq * kvw), err) == 0;
         else
-            ok = dalloc(s, &s->conv_state[(size_t)l], (size_t)((c->conv_kernel - 1) * CD), err) == 0 &&
+            ok = dalloc(s, &s->conv_state[(size_t)l], (size_t)(2 * (c->conv_kernel - 1) * CD), err) == 0 &&
                  dalloc(s, &s->ssm[(size_t)l], (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, err) == 0;
     }
     ok = ok && dalloc(s, &s->x, C * H, err) == 0 && dalloc(s, &s->xn, C * H, err) == 0 &&
@@ -370,7 +371,7 @@ static void cuda_session_reset(lilac_session *s) {
     const lilac_config *c = &s->m->cfg;
     for (int l = 0; l < c->n_layers; l++) {
         if (s->conv_state[(size_t)l])
-            cudaMemsetAsync(s->conv_state[(size_t)l], 0, sizeof(float) * (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c)), s->st);
+            cudaMemsetAsync(s->conv_state[(size_t)l], 0, sizeof(float) * (size_t)(2 * (c->conv_kernel - 1) * cfg_conv_dim(c)), s->st);
         if (s->ssm[(size_t)l])
             cudaMemsetAsync(s->ssm[(size_t)l], 0, sizeof(float) * (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, s->st);
     }
@@ -382,15 +383,33 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 
 // ---------------------------------------------------------------- the forward pass
 
+// Every kernel is launched with programmatic stream serialization (Hopper PDL):
+// it may start while its predecessor drains, issue what does not depend on it
+// (weight loads), and wait in pdl_wait() for the rest. Graph capture keeps it.
+template <typename... P, typename... A>
+static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = b;
+    cfg.dynamicSmemBytes = sm;
+    cfg.stream = s->st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
+}
+
 // One GEMV launch for a job (see gemv_job); `slots` > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
     for (int i = 0; i < j.n; i++) j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + GEMV_ROWS - 1) / GEMV_ROWS);
     const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
     const size_t sm = gemv_smem(j.W[0].cols);
-    if (xm == XM_SWIGLU) k_gemv<XM_SWIGLU><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
-    else if (xm == XM_NORM) k_gemv<XM_NORM><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
-    else k_gemv<XM_PLAIN><<<g, 256, sm, s->st>>>(j, x, ldx, xoff, topi, x_div);
+    if (xm == XM_SWIGLU) pdl_launch(s, k_gemv<XM_SWIGLU>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
+    else if (xm == XM_NORM) pdl_launch(s, k_gemv<XM_NORM>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
+    else pdl_launch(s, k_gemv<XM_PLAIN>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
     CKL();
     return 0;
 }
@@ -413,8 +432,8 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
         return gemv(s, j, xm, x, ldx, xoff, nullptr, 1, 0, err);
     }
     dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
-    if (xm == XM_SWIGLU) k_gemm_tc<XM_SWIGLU><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
-    else k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+    if (xm == XM_SWIGLU) pdl_launch(s, k_gemm_tc<XM_SWIGLU>, g, 128, 0, W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
+    else pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
     CKL();
     return 0;
 }
@@ -450,13 +469,13 @@ static int conv_launch(lilac_session *s, const float *w, float *state, int T, li
     const int64_t CD = cfg_conv_dim(c);
     const unsigned g = (unsigned)((CD + 127) / 128);
     switch (c->conv_kernel) {
-    case 2: k_conv<2><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    case 3: k_conv<3><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    case 4: k_conv<4><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    case 5: k_conv<5><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    case 6: k_conv<6><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    case 7: k_conv<7><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
-    default: k_conv<8><<<g, 128, 0, s->st>>>(s->qkv, state, w, s->conv_out, T, CD); break;
+    case 2: pdl_launch(s, k_conv<2>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 3: pdl_launch(s, k_conv<3>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 4: pdl_launch(s, k_conv<4>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 5: pdl_launch(s, k_conv<5>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 6: pdl_launch(s, k_conv<6>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 7: pdl_launch(s, k_conv<7>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    default: pdl_launch(s, k_conv<8>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
     }
     CKL();
     return 0;
@@ -471,13 +490,13 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     const int64_t LD[4] = {CD, VD, Hv, Hv};
     if (input_mats(s, 4, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_GDN_PROJ);
-    if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, err) < 0) return -1;
-    if (T == 1 && c->lin_v_dim * GDN_G <= 512) {
+    if (T == 1 && c->lin_v_dim * GDN_G <= 512 && c->conv_kernel == 4) {
+        // One token: conv, normalisation, gates, recurrence and gated norm in one kernel.
         const unsigned threads = (unsigned)(c->lin_v_dim * GDN_G);
-        const size_t sm = sizeof(float) * GDN_G * (size_t)c->lin_v_dim;
-#define STEP(KPT) k_gdn_step<KPT><<<Hv, threads, sm, s->st>>>(s->conv_out, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->bb, \
-                                                           s->ba, d.A_log, d.dt_bias, s->ssm[(size_t)l], s->z,        \
-                                                           d.gdn_norm, c->rms_eps, s->o)
+        const size_t sm = sizeof(float) * (GDN_G + 1) * (size_t)c->lin_v_dim;
+#define STEP(KPT) pdl_launch(s, k_gdn_step<KPT, 4>, Hv, threads, sm, s->qkv, s->conv_state[(size_t)l], d.conv, CD, KD,   \
+                             c->lin_k_heads, Hv, c->lin_v_dim, s->bb, s->ba, d.A_log, d.dt_bias, s->ssm[(size_t)l],  \
+                             s->z, d.gdn_norm, c->rms_eps, s->o, s->d_pos)
         switch (c->lin_k_dim) {
         case 32: STEP(8); break;
         case 64: STEP(16); break;
@@ -487,11 +506,12 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
 #undef STEP
         CKL();
     } else {
-        k_gdn_prep<<<T, 256, 0, s->st>>>(s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
+        if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, err) < 0) return -1;
+        pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
                                          d.A_log, d.dt_bias, Hv, s->beta, s->decay);
         CKL();
         dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
-#define RECUR(DK) k_gdn_recur<DK><<<g, 32, 0, s->st>>>(s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
+#define RECUR(DK) pdl_launch(s, k_gdn_recur<DK>, g, 32, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
                                                       s->decay, s->ssm[(size_t)l], s->o, T)
         switch (c->lin_k_dim) {
         case 32: RECUR(32); break;
@@ -501,7 +521,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         }
 #undef RECUR
         CKL();
-        k_gated_norm<<<dim3((unsigned)T, (unsigned)Hv), 32, 0, s->st>>>(s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
+        pdl_launch(s, k_gated_norm, dim3((unsigned)T, (unsigned)Hv), 32, 0, s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
         CKL();
     }
     prof_mark(s, PH_GDN_CORE);
@@ -517,13 +537,13 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
     if (input_mats(s, 3, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_ATTN_PROJ);
-    k_attn_prep<<<dim3((unsigned)T, (unsigned)(nh + nkv)), 32, hd * sizeof(float), s->st>>>(
+    pdl_launch(s, k_attn_prep, dim3((unsigned)T, (unsigned)(nh + nkv)), 32, hd * sizeof(float), 
         s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, hd,
         c->rotary_dim, c->rope_theta, c->rms_eps);
     CKL();
     const int S = T == 1 ? ATT_SPLITS : 1;
     dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
-#define ATT(DPL) k_attn<DPL><<<g, 128, 0, s->st>>>(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, s->att, s->part)
+#define ATT(DPL) pdl_launch(s, k_attn<DPL>, g, 128, 0, s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, s->att, s->part)
     switch (hd) {
     case 64: ATT(2); break;
     case 128: ATT(4); break;
@@ -532,7 +552,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
 #undef ATT
     CKL();
     if (S > 1) {
-        k_attn_combine<<<dim3((unsigned)nh, (unsigned)T), 256, 0, s->st>>>(s->qg, s->part, S, nh, hd, s->att);
+        pdl_launch(s, k_attn_combine, dim3((unsigned)nh, (unsigned)T), 256, 0, s->qg, s->part, S, nh, hd, s->att);
         CKL();
     }
     prof_mark(s, PH_ATTN_CORE);
@@ -554,7 +574,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
     if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
     prof_mark(s, PH_MOE_ROUTE);
     const bool grouped = slots > 64;
-    k_topk<<<T, 32, sizeof(float) * (size_t)E, s->st>>>(s->rlog, E, K, c->norm_topk, s->topi, s->topw,
+    bool shared_done = false;
+    pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                                                          grouped ? s->counts : nullptr);
     CKL();
     if (!grouped) {
@@ -564,28 +585,37 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
         const int64_t LDg[2] = {2 * I, 2 * I};
         gemv_job j = job_of(2, Wg, Yg, LDg);
         if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
-        float *ye = s->ye;
-        gemv_job jd = job_of(1, &d.exp_down, &ye, &H);
+        // Routed down projections and the shared expert's, one launch (SwiGLU on load).
+        const dmat Wd[2] = {d.exp_down, d.sh_down};
+        float *const Yd[2] = {s->ye, s->shy};
+        const int64_t LDd[2] = {H, H};
+        gemv_job jd = job_of(2, Wd, Yd, LDd);
+        jd.x[1] = s->shgu;
+        jd.ldx[1] = 2 * SI;
+        jd.xoff[1] = SI;
+        jd.plain[1] = 1;
+        if (d.sh_down.cols != I) jd.n = 1; /* different widths cannot share the staged input */
         if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
+        shared_done = jd.n == 2;
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
-        k_moe_scan<<<1, 32, 0, s->st>>>(s->counts, E, s->offs, s->cursor);
+        pdl_launch(s, k_moe_scan, 1, 32, 0, s->counts, E, s->offs, s->cursor);
         CKL();
-        k_moe_scatter<<<(slots + 255) / 256, 256, 0, s->st>>>(s->topi, slots, s->offs, s->cursor, s->sorted);
+        pdl_launch(s, k_moe_scatter, (slots + 255) / 256, 256, 0, s->topi, slots, s->offs, s->cursor, s->sorted);
         CKL();
         dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
-        k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);
+        pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);
         CKL();
-        k_gemm_tc<XM_PLAIN><<<g, 128, 0, s->st>>>(d.exp_up, s->xn, H, 0, s->gu + I, 2 * I, T, s->offs, s->sorted, K);
+        pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_up, s->xn, H, 0, s->gu + I, 2 * I, T, s->offs, s->sorted, K);
         CKL();
         dim3 gd((unsigned)((H + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
-        k_gemm_tc<XM_SWIGLU><<<gd, 128, 0, s->st>>>(d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
+        pdl_launch(s, k_gemm_tc<XM_SWIGLU>, gd, 128, 0, d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
         CKL();
     }
     prof_mark(s, PH_MOE_EXPERTS);
-    if (matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
+    if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
     const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H + 255) / 256));
-    k_moe_combine<<<gc, 256, 0, s->st>>>(s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
+    pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
     return 0;
 }
@@ -601,19 +631,19 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const int64_t H = c->hidden;
     dmodel *D = s->D;
     prof_mark(s, PH_EMBED);
-    k_embed<<<dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, s->st>>>(D->embed, s->d_ids, s->x);
+    pdl_launch(s, k_embed, dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, D->embed, s->d_ids, s->x);
     CKL();
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer &d = D->layers[(size_t)l];
         if (l == 0 && T > 1) {
-            k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
             CKL();
         }
         prof_mark(s, PH_EMBED);
         if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
         prof_mark(s, c->is_full[l] ? PH_ATTN_PROJ : PH_GDN_PROJ);
         if (T > 1) {
-            k_add_rmsnorm<<<T, 256, 0, s->st>>>(s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
             CKL();
         }
         prof_mark(s, PH_EMBED);
@@ -635,7 +665,7 @@ static int head(lilac_session *s, int row0, int n, lilac_err *err) {
         j.eps = c->rms_eps;
         return gemv(s, j, XM_NORM, s->x + (int64_t)row0 * c->hidden, c->hidden, 0, nullptr, 1, 0, err);
     }
-    k_add_rmsnorm<<<n, 256, 0, s->st>>>(s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
+    pdl_launch(s, k_add_rmsnorm, n, 256, 0, s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
     CKL();
     return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits, c->vocab, n, XM_PLAIN, 0, err);
 }
@@ -693,7 +723,7 @@ static int capture_step(lilac_session *s, lilac_err *err) {
     int rc = run_layers(s, 1, err);
     if (rc == 0) rc = head(s, 0, 1, err);
     if (rc == 0) {
-        k_argmax<<<1, 1024, 0, s->st>>>(s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
+        pdl_launch(s, k_argmax, 1, 1024, 0, s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
         if (cudaGetLastError() != cudaSuccess) rc = lilac_fail(err, "CUDA: argmax launch failed");
     }
     cudaError_t e = cudaStreamEndCapture(s->st, &g);

@@ -60,5 +60,13 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
     return warp_max(v);
 }
 
+// Programmatic dependent launch (Hopper): kernels are launched so that they may
+// start while their predecessor finishes; pdl_wait() blocks until the
+// predecessor grid has completed and its writes are visible (a no-op when the
+// kernel was launched normally). Every kernel calls it before reading anything a
+// predecessor wrote; pdl_trigger() lets the successor launch early.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }

@@ -10,6 +10,8 @@
 
 // x[t] = dequantised row ids[t] of the embedding. Grid (T, column blocks).
 __global__ void k_embed(dmat E, const int *ids, float *x) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x;
     const int64_t row = ids[t], H = E.cols, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= H) return;
@@ -30,6 +32,8 @@ __global__ void k_embed(dmat E, const int *ids, float *x) {
 // Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
 // Row t of x is row t of y; rows [row0, row0 + gridDim.x).
 __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float sh[32];
     const int64_t t = row0 + blockIdx.x;
     float *xr = x + t * H;
@@ -61,6 +65,9 @@ struct gemv_job {
     float *y[GEMV_MATS];
     int64_t ldy[GEMV_MATS];
     int accum[GEMV_MATS];
+    const float *x[GEMV_MATS]; // input row (slot 0); null: the kernel's x argument
+    int64_t ldx[GEMV_MATS], xoff[GEMV_MATS];
+    int plain[GEMV_MATS];      // expert launches: this matrix is not routed (computed by slot 0 only)
     int start[GEMV_MATS + 1];
     int n;
     const float *gain;
@@ -157,8 +164,17 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
+    if (job.x[mi]) { x = job.x[mi]; ldx = job.ldx[mi]; xoff = job.xoff[mi]; }
     int64_t yrow = 0;
-    if (topi) {
+    const bool routed = topi && !job.plain[mi];
+    if (topi && !routed && blockIdx.y > 0) { // an unrouted matrix in an expert launch: slot 0 computes it
+        pdl_trigger();
+        pdl_wait();
+        return;
+    }
+    if (routed) {
+        pdl_trigger();
+        pdl_wait(); // the expert ids come from the previous kernel
         const int slot = blockIdx.y;
         W = dmat_expert(W, topi[slot]);
         x += (int64_t)(slot / x_div) * ldx;
@@ -182,6 +198,10 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
                 ps[u][k] = ok ? __bfloat162float(W.s[g]) : 0.0f;
                 pb[u][k] = ok ? __bfloat162float(W.b[g]) : 0.0f;
             }
+    }
+    if (!routed) { // dense: the weight loads above are already in flight
+        pdl_trigger();
+        pdl_wait();
     }
     // Stage the input row: every load is issued before any is used (registers
     // hold up to GEMV_STAGE float4 per thread), so staging costs one round trip.
@@ -281,6 +301,8 @@ __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bflo
 template <int XM>
 __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t ldx, int64_t xoff, float *y,
                                                  int64_t ldy, int T, const int *offs, const int *sorted, int x_div) {
+    pdl_trigger();
+    pdl_wait();
     using namespace nvcuda;
     int count = T, base = 0;
     if (offs) {
@@ -406,16 +428,24 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // ---------------------------------------------------------------- Gated DeltaNet
 
 // Causal depthwise conv over [state | qkv] then SiLU; the state keeps the last
-// K-1 raw inputs. One thread per channel; the window lives in registers (K <= 8).
+// K-1 raw inputs. One thread per channel; the window lives in registers. The
+// state is double-buffered ([2][K-1][CD]): a pass at position p reads buffer
+// p&1 and writes buffer (p+T)&1, so the single-token kernel (k_gdn_step) can
+// let two blocks read a shared q/k channel while one of them writes its update.
 template <int K>
-__global__ void k_conv(const float *qkv, float *state, const float *w, float *out, int T, int64_t CD) {
+__global__ void k_conv(const float *qkv, float *state2, const float *w, float *out, int T, int64_t CD, const int *d_pos) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CD) return;
+    const int p = *d_pos;
+    const float *rd = state2 + (int64_t)(p & 1) * (K - 1) * CD;
+    float *wr = state2 + (int64_t)((p + T) & 1) * (K - 1) * CD;
     float win[K], wc[K];
 #pragma unroll
     for (int k = 0; k < K; k++) wc[k] = w[ch * K + k];
 #pragma unroll
-    for (int k = 0; k < K - 1; k++) win[k] = state[k * CD + ch];
+    for (int k = 0; k < K - 1; k++) win[k] = rd[k * CD + ch];
     for (int t = 0; t < T; t++) {
         win[K - 1] = qkv[(int64_t)t * CD + ch];
         float acc = 0.0f;
@@ -426,7 +456,7 @@ __global__ void k_conv(const float *qkv, float *state, const float *w, float *ou
         for (int k = 0; k < K - 1; k++) win[k] = win[k + 1];
     }
 #pragma unroll
-    for (int k = 0; k < K - 1; k++) state[k * CD + ch] = win[k];
+    for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k];
 }
 
 // Per token: L2-normalise the q and k heads in place (q also scaled by
@@ -434,6 +464,8 @@ __global__ void k_conv(const float *qkv, float *state, const float *w, float *ou
 __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, int dk, const float *bb,
                            const float *ba, const float *A_log, const float *dt_bias, int Hv, float *beta,
                            float *decay) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *row = conv_out + (int64_t)t * CD;
     for (int h = warp; h < n_qk_heads; h += nw) {
@@ -459,6 +491,8 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 template <int DK>
 __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
                                                   const float *beta, const float *decay, float *ssm, float *o, int T) {
+    pdl_trigger();
+    pdl_wait();
     const int j = blockIdx.x, lane = threadIdx.x, m = blockIdx.y * 32 + lane;
     const int hk = j / (Hv / Hk);
     __shared__ float qs[DK], ks[DK], S[DK][32];
@@ -514,33 +548,49 @@ __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t
     for (int i = 0; i < DK; i++) Sg[(int64_t)i * dv] = S[i][lane];
 }
 
-// Decode (one token): for v-head blockIdx.x, normalise its q/k head, the gates,
-// one recurrence step, and the gated RMSNorm. Block = dv x G threads: thread
-// (m, g) keeps keys [g*KPT, (g+1)*KPT) of state column m in registers, so the
-// whole state slice is loaded in one round trip; partial sums meet in shared
-// memory. Replaces k_gdn_prep + k_gdn_recur + k_gated_norm for T = 1.
+// Decode (one token), v-head j = blockIdx.x: the causal conv of its q/k head and
+// v head channels (from the raw projections and the double-buffered conv state,
+// see k_conv; the q/k state is written by the even v-head of each pair only),
+// q/k L2 normalisation, the gates, one recurrence step and the gated RMSNorm.
+// Block = dv x G threads: thread (m, g) keeps keys [g*KPT, (g+1)*KPT) of state
+// column m in registers, so the state slice is loaded in one round trip.
 #define GDN_G 4
-template <int KPT>
-__global__ void __launch_bounds__(512) k_gdn_step(const float *conv_out, int64_t KD, int Hk, int Hv, int dv,
-                                                   const float *bb, const float *ba, const float *A_log,
-                                                   const float *dt_bias, float *ssm, const float *z, const float *nw,
-                                                   float eps, float *o) {
+template <int KPT, int K>
+__global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2, const float *convw, int64_t CD,
+                                                  int64_t KD, int Hk, int Hv, int dv, const float *bb, const float *ba,
+                                                  const float *A_log, const float *dt_bias, float *ssm, const float *z,
+                                                  const float *nw, float eps, float *o, const int *d_pos) {
     constexpr int dk = KPT * GDN_G;
     __shared__ float qs[dk], ks[dk], red[32];
-    extern __shared__ float part[]; // [GDN_G][dv]
-    const int j = blockIdx.x, hk = j / (Hv / Hk), tid = threadIdx.x, m = tid % dv, g = tid / dv;
+    extern __shared__ float part[]; // [GDN_G][dv], then v[dv]
+    float *vsm = part + GDN_G * dv;
+    const int j = blockIdx.x, rep = Hv / Hk, hk = j / rep, tid = threadIdx.x, m = tid % dv, g = tid / dv;
     float *S = ssm + ((int64_t)j * dk + g * KPT) * dv + m;
     float sv[KPT];
 #pragma unroll
-    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
-    const float *qr = conv_out + (int64_t)hk * dk, *kr = conv_out + KD + (int64_t)hk * dk;
+    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv]; // own state: no predecessor writes it
+    pdl_trigger();
+    pdl_wait();
+    const int p = *d_pos;
+    const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;
+    float *wr = conv2 + (int64_t)((p + 1) & 1) * (K - 1) * CD;
+    // conv channels of this block: q head (dk), k head (dk), v head (dv)
     float sq = 0.0f, sk = 0.0f;
-    for (int i = tid; i < dk; i += blockDim.x) {
-        const float a = qr[i], b = kr[i];
-        qs[i] = a;
-        ks[i] = b;
-        sq += a * a;
-        sk += b * b;
+    for (int i = tid; i < 2 * dk + dv; i += blockDim.x) {
+        const int64_t ch = i < dk ? (int64_t)hk * dk + i : i < 2 * dk ? KD + (int64_t)hk * dk + (i - dk) : 2 * KD + (int64_t)j * dv + (i - 2 * dk);
+        float acc = 0.0f, win[K];
+#pragma unroll
+        for (int k = 0; k < K - 1; k++) win[k] = rd[k * CD + ch];
+        win[K - 1] = qkv[ch];
+#pragma unroll
+        for (int k = 0; k < K; k++) acc += convw[ch * K + k] * win[k];
+        const float y = acc / (1.0f + expf(-acc));
+        if (i >= 2 * dk || j % rep == 0)
+#pragma unroll
+            for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k + 1];
+        if (i < dk) { qs[i] = y; sq += y * y; }
+        else if (i < 2 * dk) { ks[i - dk] = y; sk += y * y; }
+        else vsm[i - 2 * dk] = y;
     }
     sq = block_sum(sq, red);
     sk = block_sum(sk, red);
@@ -556,7 +606,7 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *conv_out, int64_t
     float rt = 0.0f;
 #pragma unroll
     for (int gg = 0; gg < GDN_G; gg++) rt += part[gg * dv + m];
-    const float d = (conv_out[2 * KD + (int64_t)j * dv + m] - a * rt) * beta;
+    const float d = (vsm[m] - a * rt) * beta;
     float ov = 0.0f;
 #pragma unroll
     for (int i = 0; i < KPT; i++) {
@@ -579,6 +629,8 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *conv_out, int64_t
 
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
 __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, int dv, float eps) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x, j = blockIdx.y, lane = threadIdx.x;
     const int64_t off = ((int64_t)t * Hv + j) * dv;
     float ss = 0.0f;
@@ -598,6 +650,8 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 // nh + nkv), one warp each.
 __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
                             float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, double theta, float eps) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float sb[]; // [hd]
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
@@ -634,6 +688,8 @@ __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const f
 template <int DPL>
 __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, const float *vc, const int *d_pos,
                                               int nh, int nkv, float *out, float *part) {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int hd = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int kh = h / (nh / nkv);
@@ -692,6 +748,8 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 
 // Merge the split partials of k_attn and apply the output gate.
 __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
+    pdl_trigger();
+    pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
     float M = -INFINITY;
@@ -721,6 +779,8 @@ __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh
 // repeated warp argmax (ties: lowest index, as the CPU reference), renormalise.
 // counts[e] += 1 per pick when counts is given.
 __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float p[]; // [E]
     const int t = blockIdx.x, lane = threadIdx.x;
     const float *lg = logits + (int64_t)t * E;
@@ -759,6 +819,8 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
 __global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
+    pdl_trigger();
+    pdl_wait();
     if (threadIdx.x == 0) {
         int acc = 0;
         for (int e = 0; e < E; e++) {
@@ -773,6 +835,8 @@ __global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
 
 // Each routing slot (t*K + k) takes its place in its expert's run.
 __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int *cursor, int *sorted) {
+    pdl_trigger();
+    pdl_wait();
     const int slot = blockIdx.x * blockDim.x + threadIdx.x;
     if (slot >= n_slots) return;
     const int e = topi[slot];
@@ -784,6 +848,8 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
 // xn[t]. Without: grid (T, column blocks), elementwise.
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
                               int64_t H, const float *gain, float *xn, float eps) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float red[32];
     const int t = blockIdx.x;
     const float gs = 1.0f / (1.0f + expf(-sg[t]));
@@ -808,6 +874,8 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
 // next step's input, into the host-visible ring, and advances the position.
 __global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring, int ring_size, int *d_step,
                          int *d_pos) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float bv[32];
     __shared__ int64_t bi[32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
