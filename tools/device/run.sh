@@ -14,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:-full}
 OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
+LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important ones are copied to $OUT
 if [ -d .devdeps/root ]; then
     D=$PWD/.devdeps/root
     export CPATH=$D/usr/include${CPATH:+:$CPATH}
@@ -21,20 +22,19 @@ if [ -d .devdeps/root ]; then
     export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export PATH=/usr/local/cuda/bin:$PATH
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
 SUMMARY=()
 step() {  # name cmd...
     local name=$1; shift
     local t0=$(date +%s)
     echo "=== $name"
-    "$@" 2>&1 | tee "$OUT/$name.log"
+    "$@" 2>&1 | tee "$LOGS/$name.log"
     local rc=${PIPESTATUS[0]}
     SUMMARY+=("$(printf '%-28s rc=%d  %4ds' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
     return $rc
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
-git rev-parse --short HEAD 2>/dev/null | sed 's/^/commit /' | tee "$OUT/commit.txt"
 
 # 1. Correctness: CUDA against the CPU reference.
 [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
@@ -53,7 +53,8 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
 fi
+for f in test-tiny test-real-dims profile bench; do [ -f "$LOGS/$f.log" ] && cp "$LOGS/$f.log" "$OUT/"; done
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
-grep -h -E "passed, .* failed" "$OUT"/test-*.log 2>/dev/null
-[ -f "$OUT/bench.log" ] && tail -n 8 "$OUT/bench.log"
+grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log 2>/dev/null
+[ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"

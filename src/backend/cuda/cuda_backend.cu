@@ -233,6 +233,7 @@ struct lilac_session {
     float *logits; int64_t logits_rows;
     // decode
     int *d_ids, *d_pos, *d_step;
+    bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -397,7 +398,7 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cfg.numAttrs = s->pdl ? 1 : 0; // decode only: prefill kernels are large enough not to need it
     return cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
 }
 
@@ -630,6 +631,7 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     const int64_t H = c->hidden;
     dmodel *D = s->D;
+    s->pdl = T == 1;
     prof_mark(s, PH_EMBED);
     pdl_launch(s, k_embed, dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, D->embed, s->d_ids, s->x);
     CKL();

@@ -64,7 +64,9 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 // start while their predecessor finishes; pdl_wait() blocks until the
 // predecessor grid has completed and its writes are visible (a no-op when the
 // kernel was launched normally). Every kernel calls it before reading anything a
-// predecessor wrote; pdl_trigger() lets the successor launch early.
+// predecessor wrote; pdl_trigger() lets the successor launch early (without it,
+// the successor launches as this grid's blocks exit). Nothing before pdl_wait()
+// may read memory that any kernel writes: launches can run several kernels ahead.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 

@@ -10,7 +10,6 @@
 
 // x[t] = dequantised row ids[t] of the embedding. Grid (T, column blocks).
 __global__ void k_embed(dmat E, const int *ids, float *x) {
-    pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x;
     const int64_t row = ids[t], H = E.cols, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
@@ -32,7 +31,6 @@ __global__ void k_embed(dmat E, const int *ids, float *x) {
 // Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
 // Row t of x is row t of y; rows [row0, row0 + gridDim.x).
 __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float sh[32];
     const int64_t t = row0 + blockIdx.x;
@@ -168,12 +166,10 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
     int64_t yrow = 0;
     const bool routed = topi && !job.plain[mi];
     if (topi && !routed && blockIdx.y > 0) { // an unrouted matrix in an expert launch: slot 0 computes it
-        pdl_trigger();
         pdl_wait();
         return;
     }
     if (routed) {
-        pdl_trigger();
         pdl_wait(); // the expert ids come from the previous kernel
         const int slot = blockIdx.y;
         W = dmat_expert(W, topi[slot]);
@@ -200,7 +196,6 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
             }
     }
     if (!routed) { // dense: the weight loads above are already in flight
-        pdl_trigger();
         pdl_wait();
     }
     // Stage the input row: every load is issued before any is used (registers
@@ -265,6 +260,7 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
 #pragma unroll
         for (int k = 0; k < GEMV_RPW; k++) v[k] = r0 + 8 * k < W.rows ? row_dot(W, r0 + 8 * k, xs, lane) : 0.0f;
     }
+    pdl_trigger(); // the next kernel may start its weight prefetch now
     float *y = job.y[mi] + yrow * job.ldy[mi];
 #pragma unroll
     for (int k = 0; k < GEMV_RPW; k++) {
@@ -301,7 +297,6 @@ __device__ __forceinline__ void split_bf16(float v, __nv_bfloat16 *hi, __nv_bflo
 template <int XM>
 __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t ldx, int64_t xoff, float *y,
                                                  int64_t ldy, int T, const int *offs, const int *sorted, int x_div) {
-    pdl_trigger();
     pdl_wait();
     using namespace nvcuda;
     int count = T, base = 0;
@@ -434,7 +429,6 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // let two blocks read a shared q/k channel while one of them writes its update.
 template <int K>
 __global__ void k_conv(const float *qkv, float *state2, const float *w, float *out, int T, int64_t CD, const int *d_pos) {
-    pdl_trigger();
     pdl_wait();
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CD) return;
@@ -464,7 +458,6 @@ __global__ void k_conv(const float *qkv, float *state2, const float *w, float *o
 __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, int dk, const float *bb,
                            const float *ba, const float *A_log, const float *dt_bias, int Hv, float *beta,
                            float *decay) {
-    pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *row = conv_out + (int64_t)t * CD;
@@ -491,7 +484,6 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 template <int DK>
 __global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
                                                   const float *beta, const float *decay, float *ssm, float *o, int T) {
-    pdl_trigger();
     pdl_wait();
     const int j = blockIdx.x, lane = threadIdx.x, m = blockIdx.y * 32 + lane;
     const int hk = j / (Hv / Hk);
@@ -567,10 +559,9 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
     const int j = blockIdx.x, rep = Hv / Hk, hk = j / rep, tid = threadIdx.x, m = tid % dv, g = tid / dv;
     float *S = ssm + ((int64_t)j * dk + g * KPT) * dv + m;
     float sv[KPT];
+    pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
 #pragma unroll
-    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv]; // own state: no predecessor writes it
-    pdl_trigger();
-    pdl_wait();
+    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
     const int p = *d_pos;
     const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;
     float *wr = conv2 + (int64_t)((p + 1) & 1) * (K - 1) * CD;
@@ -629,7 +620,6 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
 
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
 __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, int dv, float eps) {
-    pdl_trigger();
     pdl_wait();
     const int t = blockIdx.x, j = blockIdx.y, lane = threadIdx.x;
     const int64_t off = ((int64_t)t * Hv + j) * dv;
@@ -650,7 +640,6 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 // nh + nkv), one warp each.
 __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
                             float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, double theta, float eps) {
-    pdl_trigger();
     pdl_wait();
     extern __shared__ float sb[]; // [hd]
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
@@ -688,7 +677,6 @@ __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const f
 template <int DPL>
 __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, const float *vc, const int *d_pos,
                                               int nh, int nkv, float *out, float *part) {
-    pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int hd = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -748,7 +736,6 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 
 // Merge the split partials of k_attn and apply the output gate.
 __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
-    pdl_trigger();
     pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
@@ -779,7 +766,6 @@ __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh
 // repeated warp argmax (ties: lowest index, as the CPU reference), renormalise.
 // counts[e] += 1 per pick when counts is given.
 __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
-    pdl_trigger();
     pdl_wait();
     extern __shared__ float p[]; // [E]
     const int t = blockIdx.x, lane = threadIdx.x;
@@ -819,7 +805,6 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
 __global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
-    pdl_trigger();
     pdl_wait();
     if (threadIdx.x == 0) {
         int acc = 0;
@@ -835,7 +820,6 @@ __global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
 
 // Each routing slot (t*K + k) takes its place in its expert's run.
 __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int *cursor, int *sorted) {
-    pdl_trigger();
     pdl_wait();
     const int slot = blockIdx.x * blockDim.x + threadIdx.x;
     if (slot >= n_slots) return;
@@ -848,7 +832,6 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
 // xn[t]. Without: grid (T, column blocks), elementwise.
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
                               int64_t H, const float *gain, float *xn, float eps) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float red[32];
     const int t = blockIdx.x;
@@ -874,7 +857,6 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
 // next step's input, into the host-visible ring, and advances the position.
 __global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring, int ring_size, int *d_step,
                          int *d_pos) {
-    pdl_trigger();
     pdl_wait();
     __shared__ float bv[32];
     __shared__ int64_t bi[32];
