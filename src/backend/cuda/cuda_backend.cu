@@ -595,7 +595,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
         jd.ldx[1] = 2 * SI;
         jd.xoff[1] = SI;
         jd.plain[1] = 1;
-        if (d.sh_down.cols != I) jd.n = 1; /* different widths cannot share the staged input */
+        if (d.sh_down.cols != I || T > 1) jd.n = 1; /* one token only; same widths to share the staging */
         if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
         shared_done = jd.n == 2;
     } else {
