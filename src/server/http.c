@@ -30,6 +30,7 @@ struct srv {
     atomic_int ready;    /* 0 loading, 1 ready, 2 stopping */
     atomic_ullong http_requests, http_errors;
     atomic_ullong next_id;
+    atomic_int active; /* requests between their first byte and completion */
 };
 
 void srv_options_default(srv_options *o) {
@@ -518,6 +519,7 @@ typedef struct {
     srv *S;
     eng_job *job;
     op_parser *op;
+    json_t *tools; /* a reference: the request body is gone once streaming starts */
     int fd;
     bool chat, include_usage, logprobs, ended, role_sent;
     char id[48];
@@ -692,6 +694,7 @@ static void stream_free(void *cls) {
     eng_job_cancel(st->job); /* no-op when it finished */
     eng_job_unref(st->job);
     op_free(st->op);
+    json_decref(st->tools);
     free(st->model);
     free(st->new_toks);
     sb_free(&st->out);
@@ -710,7 +713,8 @@ static enum MHD_Result respond_stream(srv *S, struct MHD_Connection *c, gen_req 
     st->created = (long)time(NULL);
     st->model = xstrdup(g->r.model[0] ? g->r.model : S->o.alias);
     make_id(S, st->id, sizeof st->id, st->chat ? "chatcmpl-" : "cmpl-");
-    if (st->chat) st->op = op_new(g->r.enable_thinking, g->r.tools);
+    st->tools = g->r.tools ? json_incref((json_t *)g->r.tools) : NULL;
+    if (st->chat) st->op = op_new(g->r.enable_thinking, st->tools);
     st->last_write = lilac_now();
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, st, stream_free);
     if (!r) {
@@ -1004,6 +1008,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = xcalloc(1, sizeof *cc);
         cc->S = S;
         *con_cls = cc;
+        atomic_fetch_add(&S->active, 1);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
@@ -1039,10 +1044,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)cls;
+    srv *S = cls;
     (void)c;
     conn_ctx *cc = *con_cls;
     if (!cc) return;
+    atomic_fetch_sub(&S->active, 1);
     if (cc->job) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) eng_job_cancel(cc->job);
         eng_job_unref(cc->job);
@@ -1097,7 +1103,10 @@ void srv_stop(srv *S) {
     if (!S) return;
     atomic_store(&S->ready, 2);
     MHD_socket ls = MHD_quiesce_daemon(S->d);
-    if (S->b.engine) eng_shutdown(S->b.engine); /* in-flight jobs end "cancelled"; streams close */
+    if (S->b.engine) eng_shutdown(S->b.engine); /* in-flight jobs end "cancelled" */
+    /* let the connection threads send what they have (error events, [DONE], 503s) */
+    double t0 = lilac_now();
+    while (atomic_load(&S->active) > 0 && lilac_now() - t0 < 5) usleep(10000);
     MHD_stop_daemon(S->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
     free(S);

@@ -309,3 +309,28 @@ def test_strict_parallel_seed_independent_of_load(server):
         busy = c.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
         th.join()
     assert alone == busy
+
+
+def test_sigterm_with_streams_in_flight():
+    """SIGTERM while streams run: they end with an error event + [DONE], the process exits 0."""
+    from conftest import Server
+
+    s = Server("--parallel", "1")
+    outs = []
+
+    def one():
+        with httpx.Client(timeout=60) as c, c.stream("POST", s.url + "/v1/chat/completions", json={
+                "messages": USER, "max_tokens": 2000, "ignore_eos": True, "stream": True}) as r:
+            outs.append("".join(r.iter_text()))
+
+    ts = [threading.Thread(target=one) for _ in range(3)]
+    for t in ts:
+        t.start()
+    assert wait_for(lambda: "llamacpp:requests_deferred 2" in httpx.get(s.url + "/metrics").text)
+    rc, log = s.stop()
+    for t in ts:
+        t.join()
+    assert rc == 0, log
+    assert len(outs) == 3
+    for o in outs:
+        assert o.endswith("data: [DONE]\n\n") and '"error"' in o
