@@ -3,7 +3,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <jansson.h>
+
 #include "../backend/backend.h"
+#include "../chat/chat.h"
+#include "../tokenizer/tokenizer.h"
 #include "../util/npy.h"
 #include "commands.h"
 
@@ -134,48 +138,107 @@ static int argmax(const float *x, int64_t n) {
 }
 
 typedef struct {
-    int eos, produced;
+    int eos, eos2, produced;
+    lilac_detok *detok; /* text mode: stream text instead of ids */
 } gen_state;
 
-/* Print each id as it arrives; stop at end-of-sequence. */
+/* Print each token as it arrives (an id, or its text once complete UTF-8);
+ * stop at end-of-sequence. */
 static bool on_token(void *ud, int32_t tok) {
     gen_state *g = ud;
-    printf(g->produced++ ? " %d" : "%d", tok);
+    g->produced++;
+    if (tok == g->eos || tok == g->eos2) return false;
+    if (g->detok) {
+        const char *out;
+        size_t len;
+        int stop = -1;
+        lilac_detok_push(g->detok, tok, &out, &len, &stop);
+        fwrite(out, 1, len, stdout);
+    } else {
+        printf(g->produced > 1 ? " %d" : "%d", tok);
+    }
     fflush(stdout);
-    return tok != g->eos;
+    return true;
+}
+
+/* The prompt of `generate`: --ids as given; --prompt TEXT tokenized as HF does
+ * (special tokens parsed); --chat: TEXT as a user message through the model's
+ * chat template (content can never become control tokens). */
+static int prompt_ids(const char *model, const char *ids_s, const char *text, bool chat, bool no_think,
+                      lilac_tokenizer **tok_out, int32_t **ids, lilac_err *err) {
+    if (ids_s) return lilac_parse_ids(ids_s, ids, err);
+    lilac_tokenizer *tok = lilac_tok_load(model, err);
+    if (!tok) return -1;
+    *tok_out = tok;
+    lilac_ids v = {0};
+    int rc;
+    if (chat) {
+        json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", text);
+        if (!msgs) return lilac_fail(err, "--chat: the prompt is not valid UTF-8");
+        lilac_chat_opts o;
+        lilac_chat_opts_default(&o);
+        o.enable_thinking = !no_think;
+        lilac_prompt pr = {0};
+        rc = lilac_chat_render(msgs, NULL, &o, &pr, err);
+        json_decref(msgs);
+        if (rc == 0) rc = lilac_prompt_encode(tok, &pr, false, &v, err);
+        lilac_prompt_free(&pr);
+    } else {
+        rc = lilac_tok_encode(tok, text, strlen(text), LILAC_TOK_SPECIAL, &v, err);
+    }
+    if (rc < 0) { lilac_ids_free(&v); return -1; }
+    if (v.n == 0) { lilac_ids_free(&v); return lilac_fail(err, "the prompt is empty"); }
+    *ids = v.ids;
+    return (int)v.n;
 }
 
 int cmd_generate(int argc, char **argv) {
     model_opts o = {0};
-    const char *ids_s = NULL;
+    const char *ids_s = NULL, *text = NULL;
     long max_tokens = 64;
-    bool ignore_eos = false, timing = false;
+    bool ignore_eos = false, timing = false, chat = false, no_think = false;
     for (int i = 1; i < argc; i++)
         if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
+            !opt_str(argc, argv, &i, "--prompt", &text) && !opt_flag(argc, argv, &i, "--chat", &chat) &&
+            !opt_flag(argc, argv, &i, "--no-thinking", &no_think) &&
             !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
             !opt_flag(argc, argv, &i, "--timing", &timing))
             opt_unknown("generate", argv[i]);
-    if (!ids_s) lilac_die("usage: lilac generate --model DIR --ids 1,2,3 --max-tokens N");
+    if (!ids_s == !text)
+        lilac_die("usage: lilac generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat [--no-thinking]]) --max-tokens N");
+    if (chat && !text) lilac_die("--chat needs --prompt TEXT");
     if (max_tokens < 0) lilac_die("--max-tokens must be >= 0");
     lilac_err err = {{0}};
-    int32_t *ids;
-    int n = lilac_parse_ids(ids_s, &ids, &err);
-    if (n < 0) lilac_die("%s", err.msg);
     lilac_model m;
     const lilac_backend *be;
     open_model("generate", &o, &m, &be);
-    lilac_session *s = be->session_new(&m, n + max_tokens, (int)o.threads, &err);
+    lilac_tokenizer *tok = NULL;
+    int32_t *ids;
+    int n = prompt_ids(o.model, ids_s, text, chat, no_think, &tok, &ids, &err);
+    if (n < 0) lilac_die("%s", err.msg);
+    lilac_session *s = be->session_new(&m, n + max_tokens + 1, (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
     float *logits = xmalloc(sizeof(float) * (size_t)m.cfg.vocab);
     double t0 = lilac_now();
     if (be->forward(s, ids, n, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
     double t1 = lilac_now();
-    gen_state g = {.eos = ignore_eos ? -1 : m.cfg.eos_id};
+    gen_state g = {.eos = ignore_eos ? -1 : m.cfg.eos_id, .eos2 = -1};
+    if (tok) {
+        g.detok = lilac_detok_new(tok, NULL, 0, true);
+        if (!ignore_eos) g.eos2 = lilac_tok_added_id(tok, "<|im_end|>");
+    }
     if (max_tokens > 0) {
         int32_t first = argmax(logits, m.cfg.vocab);
         if (on_token(&g, first) && max_tokens > 1 &&
             be->decode_greedy(s, first, (int)max_tokens - 1, on_token, &g, &err) < 0)
             lilac_die("%s", err.msg);
+    }
+    if (g.detok) {
+        const char *out;
+        size_t len;
+        lilac_detok_finish(g.detok, &out, &len);
+        fwrite(out, 1, len, stdout);
+        lilac_detok_free(g.detok);
     }
     printf("\n");
     double t2 = lilac_now();
@@ -185,6 +248,7 @@ int cmd_generate(int argc, char **argv) {
                 be->name);
     free(logits);
     free(ids);
+    if (tok) lilac_tok_free(tok);
     be->session_free(s);
     lilac_model_free(&m);
     return 0;

@@ -15,7 +15,7 @@ typedef struct {
 static const command commands[] = {
     {"info", cmd_info, "info --model DIR                     format, geometry, bytes per component"},
     {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy   teacher-forced logits [T,vocab] f32"},
-    {"generate", cmd_generate, "generate --model DIR --ids 1,2,3 --max-tokens N   greedy ids"},
+    {"generate", cmd_generate, "generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat]) --max-tokens N   greedy"},
     {"synth", cmd_synth, "synth --out DIR [--seed S] [--layers N] [--vocab V]   random full-geometry 4-bit checkpoint"},
     {"bench", cmd_bench, "bench --model DIR [--prompt-lens 256,...] [--decode-steps 64] [--rounds 3] [--json F]"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer PATH|--model DIR [--file F] [--special] [--jsonl]   ids of UTF-8 text"},
