@@ -13,7 +13,9 @@ make -j"$(nproc)" WERROR= build/lilac >"$OUT/build.log" 2>&1 || { tail -20 "$OUT
 ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
 IDS=$(seq -s, 1 200)
 (nvidia-smi dmon -s c -d 1 > "$OUT/clocks.txt" 2>&1 &)
-ncu --clock-control none --print-summary per-kernel --csv \
+# Skip the prefill kernels; profile the kernels of the first decode steps.
+ncu --clock-control none --print-summary per-kernel --csv --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --launch-skip ${SKIP:-75} --launch-count ${COUNT:-120} \
     ./build/lilac generate --model /tmp/syn4 --backend cuda --ids "$IDS" --max-tokens 6 > "$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY'
