@@ -234,6 +234,7 @@ struct lilac_session {
     // decode
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
+    int n_sm;        // multiprocessors, to size GEMV grids
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -320,6 +321,10 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->m = m;
     s->max_seq = max_seq;
     s->D = new dmodel(); // value-initialised: every pointer and handle starts null
+    {
+        cudaDeviceProp p;
+        s->n_sm = cudaGetDeviceProperties(&p, 0) == cudaSuccess ? p.multiProcessorCount : 132;
+    }
     prof.on = getenv("LILAC_PROFILE") != nullptr;
     if (dmodel_upload(s->D, m, err) < 0) { cuda_session_free(s); return nullptr; }
     const int64_t H = c->hidden, C = CHUNK, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), K = c->top_k;
@@ -403,14 +408,37 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 }
 
 // One GEMV launch for a job (see gemv_job); `slots` > 0: expert mode over topi.
+// Rows per warp (1, 2 or 4): the most that still gives two blocks per SM, so
+// small matrices spread over the whole GPU and large ones amortise the staging.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    for (int i = 0; i < j.n; i++) j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + GEMV_ROWS - 1) / GEMV_ROWS);
+    int rpw = 4;
+    for (;; rpw /= 2) {
+        int64_t blocks = 0;
+        for (int i = 0; i < j.n; i++) {
+            const int rpb = gemv_rows_per_block(j.W[i], rpw);
+            blocks += (j.W[i].rows + rpb - 1) / rpb;
+        }
+        if (rpw == 1 || blocks * (slots > 0 ? slots : 1) >= 2 * s->n_sm) break;
+    }
+    for (int i = 0; i < j.n; i++) {
+        const int rpb = gemv_rows_per_block(j.W[i], rpw);
+        j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
+    }
     const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
     const size_t sm = gemv_smem(j.W[0].cols);
-    if (xm == XM_SWIGLU) pdl_launch(s, k_gemv<XM_SWIGLU>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
-    else if (xm == XM_NORM) pdl_launch(s, k_gemv<XM_NORM>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
-    else pdl_launch(s, k_gemv<XM_PLAIN>, g, 256, sm, j, x, ldx, xoff, topi, x_div);
+#define GEMV_GO(XM, R) pdl_launch(s, k_gemv<XM, R>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
+#define GEMV_RPW_SWITCH(XM)                    \
+    switch (rpw) {                             \
+    case 4: GEMV_GO(XM, 4); break;             \
+    case 2: GEMV_GO(XM, 2); break;             \
+    default: GEMV_GO(XM, 1); break;            \
+    }
+    if (xm == XM_SWIGLU) { GEMV_RPW_SWITCH(XM_SWIGLU) }
+    else if (xm == XM_NORM) { GEMV_RPW_SWITCH(XM_NORM) }
+    else { GEMV_RPW_SWITCH(XM_PLAIN) }
+#undef GEMV_RPW_SWITCH
+#undef GEMV_GO
     CKL();
     return 0;
 }
@@ -576,8 +604,17 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
     prof_mark(s, PH_MOE_ROUTE);
     const bool grouped = slots > 64;
     bool shared_done = false;
-    pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
-                                                         grouped ? s->counts : nullptr);
+    if (E <= 32)
+        pdl_launch(s, k_topk_reg<1>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
+    else if (E <= 64)
+        pdl_launch(s, k_topk_reg<2>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
+    else if (E <= 128)
+        pdl_launch(s, k_topk_reg<4>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
+    else if (E <= 256)
+        pdl_launch(s, k_topk_reg<8>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
+    else
+        pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
+                   grouped ? s->counts : nullptr);
     CKL();
     if (!grouped) {
         // Few tokens: gather-GEMV over the routed slots, expert ids read on the device.

@@ -143,18 +143,28 @@ __device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t 
     return s * dq + b * xsum;
 }
 
-// One token; 8 warps per block, each warp GEMV_RPW rows (warp w takes rows w,
-// w+8, ...), so one staged input row serves 8*GEMV_RPW rows. For 4-bit rows the
-// first two 16-byte chunks per lane of every row (all of a 2048-column row) and
-// their scales are loaded before the input is staged, so the weight stream and
-// the staging overlap. Expert mode (topi != null): blockIdx.y is a routing slot
-// (token slot / x_div, expert topi[slot]) and the output row is the slot.
-// Every matrix of a job has the same number of columns.
-#define GEMV_RPW 4
-#define GEMV_ROWS (8 * GEMV_RPW)
+// One token, 8 warps per block. 4-bit rows: a row's 16-byte chunks are spread
+// over LPR lanes (LPR = 32, or fewer for narrow rows, so that no lane idles), a
+// warp pass covers 32/LPR rows and each warp makes RPW passes: a block covers
+// 8 * RPW * 32/LPR rows (gemv_rows_per_block). The host picks RPW so the grid
+// fills the GPU. The first GEMV_PF chunks of every row and their scales are
+// loaded before the input is staged, so weight stream and staging overlap.
+// bf16 and 8-bit rows (router, shared-expert gate, HF checkpoints) take one
+// row per warp pass with row_dot. Expert mode (topi != null): blockIdx.y is a
+// routing slot (token slot / x_div, expert topi[slot]); the output row is the
+// slot. Every matrix of a job has the same number of columns.
 #define GEMV_PF 2
 #define GEMV_STAGE 4 // staged input: up to 4 float4 per thread, 4096 columns
-template <int XM>
+__host__ __device__ inline int gemv_lpr(const dmat &W) {
+    if (!(W.type == 0 && W.bits == 4)) return 32;
+    int64_t nchunk = W.cols / 32;
+    int lpr = 32;
+    while (lpr > 1 && lpr > nchunk) lpr >>= 1;
+    return lpr;
+}
+__host__ __device__ inline int gemv_rows_per_block(const dmat &W, int rpw) { return 8 * rpw * (32 / gemv_lpr(W)); }
+
+template <int XM, int RPW>
 __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                               const int *topi, int x_div) {
     extern __shared__ float xs[];
@@ -177,17 +187,20 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
         yrow = slot;
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t r0 = (int64_t)(blockIdx.x - job.start[mi]) * GEMV_ROWS + warp;
+    const int lpr = gemv_lpr(W), rp = 32 / lpr, sub = lane / lpr, cl = lane % lpr;
     const int64_t cols = W.cols, nchunk = cols / 32, ng = cols / W.group;
+    const int64_t rbase = (int64_t)(blockIdx.x - job.start[mi]) * gemv_rows_per_block(W, RPW);
     const bool q4 = W.type == 0 && W.bits == 4;
-    uint4 pf[GEMV_PF][GEMV_RPW];
-    float ps[GEMV_PF][GEMV_RPW], pb[GEMV_PF][GEMV_RPW];
+    // row of pass k for this lane: passes interleave the 8 warps
+#define GEMV_ROW(k) (rbase + ((int64_t)((k) * 8 + warp)) * rp + sub)
+    uint4 pf[GEMV_PF][RPW];
+    float ps[GEMV_PF][RPW], pb[GEMV_PF][RPW];
     if (q4) {
 #pragma unroll
         for (int u = 0; u < GEMV_PF; u++)
 #pragma unroll
-            for (int k = 0; k < GEMV_RPW; k++) {
-                const int64_t r = r0 + 8 * k, i = lane + 32 * u;
+            for (int k = 0; k < RPW; k++) {
+                const int64_t r = GEMV_ROW(k), i = cl + (int64_t)lpr * u;
                 const bool ok = r < W.rows && i < nchunk;
                 pf[u][k] = ok ? __ldg((const uint4 *)(W.q + r * (cols / 8)) + i) : make_uint4(0, 0, 0, 0);
                 const int64_t g = r * ng + i * 32 / W.group;
@@ -195,9 +208,7 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
                 pb[u][k] = ok ? __bfloat162float(W.b[g]) : 0.0f;
             }
     }
-    if (!routed) { // dense: the weight loads above are already in flight
-        pdl_wait();
-    }
+    if (!routed) pdl_wait(); // dense: the weight loads above are already in flight
     // Stage the input row: every load is issued before any is used (registers
     // hold up to GEMV_STAGE float4 per thread), so staging costs one round trip.
     float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
@@ -233,23 +244,22 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
         *(float4 *)(xs + xs_idx(4 * q)) = make_float4(v[0], v[1], v[2], v[3]);
     }
     __syncthreads();
-    if (r0 >= W.rows) return;
-    float v[GEMV_RPW];
+    float v[RPW];
+#pragma unroll
+    for (int k = 0; k < RPW; k++) v[k] = 0.0f;
     if (q4) {
 #pragma unroll
-        for (int k = 0; k < GEMV_RPW; k++) v[k] = 0.0f;
-#pragma unroll
         for (int u = 0; u < GEMV_PF; u++) {
-            const int64_t i = lane + 32 * u;
+            const int64_t i = cl + (int64_t)lpr * u;
             if (i < nchunk)
 #pragma unroll
-                for (int k = 0; k < GEMV_RPW; k++) v[k] += chunk_dot4(pf[u][k], xs, i * 32, ps[u][k], pb[u][k]);
+                for (int k = 0; k < RPW; k++) v[k] += chunk_dot4(pf[u][k], xs, i * 32, ps[u][k], pb[u][k]);
         }
 #pragma unroll 2
-        for (int64_t i = lane + 32 * GEMV_PF; i < nchunk; i += 32) { // rows wider than 2048 columns
+        for (int64_t i = cl + (int64_t)lpr * GEMV_PF; i < nchunk; i += lpr) { // rows wider than PF chunks per lane
 #pragma unroll
-            for (int k = 0; k < GEMV_RPW; k++) {
-                const int64_t r = r0 + 8 * k;
+            for (int k = 0; k < RPW; k++) {
+                const int64_t r = GEMV_ROW(k);
                 if (r >= W.rows) break;
                 const int64_t g = r * ng + i * 32 / W.group;
                 v[k] += chunk_dot4(__ldg((const uint4 *)(W.q + r * (cols / 8)) + i), xs, i * 32,
@@ -258,18 +268,21 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
         }
     } else {
 #pragma unroll
-        for (int k = 0; k < GEMV_RPW; k++) v[k] = r0 + 8 * k < W.rows ? row_dot(W, r0 + 8 * k, xs, lane) : 0.0f;
+        for (int k = 0; k < RPW; k++) v[k] = GEMV_ROW(k) < W.rows ? row_dot(W, GEMV_ROW(k), xs, lane) : 0.0f;
     }
     pdl_trigger(); // the next kernel may start its weight prefetch now
     float *y = job.y[mi] + yrow * job.ldy[mi];
 #pragma unroll
-    for (int k = 0; k < GEMV_RPW; k++) {
-        const float t = warp_sum(v[k]);
-        if (lane == 0 && r0 + 8 * k < W.rows) {
-            if (job.accum[mi]) y[r0 + 8 * k] += t;
-            else y[r0 + 8 * k] = t;
+    for (int k = 0; k < RPW; k++) {
+        float t = v[k];
+        for (int o = lpr / 2; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o); // within the lane group
+        const int64_t r = GEMV_ROW(k);
+        if (cl == 0 && r < W.rows) {
+            if (job.accum[mi]) y[r] += t;
+            else y[r] = t;
         }
     }
+#undef GEMV_ROW
 }
 
 static inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
@@ -734,29 +747,30 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
     }
 }
 
-// Merge the split partials of k_attn and apply the output gate.
+// Merge the split partials of k_attn and apply the output gate. S <= 32: the
+// first warp finds the global max and normaliser, one lane per split.
 __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
     pdl_wait();
+    __shared__ float wsh[32], Lsh;
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int s = 0; s < S; s++) M = fmaxf(M, pp[s * (hd + 2) + hd]);
-    float L = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < S; s++) {
-        const float m = pp[s * (hd + 2) + hd];
-        if (m != -INFINITY) L += pp[s * (hd + 2) + hd + 1] * expf(m - M);
+    if (threadIdx.x < 32) {
+        const int s = threadIdx.x;
+        const float m = s < S ? pp[s * (hd + 2) + hd] : -INFINITY, l = s < S ? pp[s * (hd + 2) + hd + 1] : 0.0f;
+        const float M = warp_max(m);
+        const float w = m == -INFINITY ? 0.0f : expf(m - M);
+        wsh[s] = w;
+        const float L = warp_sum(l * w);
+        if (s == 0) Lsh = L;
     }
+    __syncthreads();
     const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
+    const float invL = 1.0f / Lsh;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
 #pragma unroll 8
-        for (int s = 0; s < S; s++) {
-            const float m = pp[s * (hd + 2) + hd];
-            if (m != -INFINITY) a += pp[s * (hd + 2) + d] * expf(m - M);
-        }
-        out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a / L / (1.0f + expf(-gate[d]));
+        for (int s = 0; s < S; s++) a += pp[s * (hd + 2) + d] * wsh[s];
+        out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a * invL / (1.0f + expf(-gate[d]));
     }
 }
 
@@ -801,6 +815,56 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
         __syncwarp();
     }
     if (norm && lane < K) topw[t * K + lane] /= tot;
+}
+
+// The same router top-k with the probabilities in registers (E <= 32 * PL):
+// every round is a warp argmax by shuffles only.
+template <int PL>
+__global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
+    pdl_wait();
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const float *lg = logits + (int64_t)t * E;
+    float p[PL];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < PL; u++) {
+        const int e = lane + 32 * u;
+        p[u] = e < E ? lg[e] : -INFINITY;
+        mx = fmaxf(mx, p[u]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int u = 0; u < PL; u++) {
+        p[u] = lane + 32 * u < E ? expf(p[u] - mx) : -1.0f;
+        sum += p[u] > 0.0f ? p[u] : 0.0f;
+    }
+    const float inv = 1.0f / warp_sum(sum);
+    float tot = 0.0f;
+    for (int k = 0; k < K; k++) {
+        float v = -1.0f;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int u = 0; u < PL; u++)
+            if (p[u] > v) { v = p[u]; idx = lane + 32 * u; }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+        }
+        const float w = v * inv;
+        tot += w;
+#pragma unroll
+        for (int u = 0; u < PL; u++)
+            if (lane + 32 * u == idx) p[u] = -1.0f;
+        if (lane == 0) {
+            topi[t * K + k] = idx;
+            topw[t * K + k] = w;
+            if (counts) atomicAdd(&counts[idx], 1);
+        }
+    }
+    if (norm && lane < K) topw[t * K + lane] = topw[t * K + lane] / tot;
 }
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
