@@ -28,25 +28,33 @@ size_t lilac_mat_bytes(const lilac_matrix *m) {
     return rows * (size_t)m->cols * 2;
 }
 
+/* Dequantise one row of `bits`-bit codes; bits is a compile-time constant in
+ * each caller below, so the unpacking unrolls and vectorises. */
+static inline void row_affine(const uint32_t *q, const uint16_t *sc, const uint16_t *bi, int64_t cols, int group,
+                              int bits, float *out) {
+    const int per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    const int64_t ngroups = cols / group, wpg = group / per_word;
+    for (int64_t g = 0; g < ngroups; g++) {
+        const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
+        const uint32_t *qg = q + g * wpg;
+        float *o = out + g * group;
+        for (int64_t wi = 0; wi < wpg; wi++)
+            for (int j = 0; j < per_word; j++) o[wi * per_word + j] = s * (float)((qg[wi] >> (j * bits)) & mask) + b;
+    }
+}
+
 void lilac_mat_row(const lilac_matrix *m, int64_t r, float *out) {
     if (m->type == MAT_BF16) {
         const uint16_t *w = m->w + r * m->cols;
         for (int64_t c = 0; c < m->cols; c++) out[c] = bf16_to_f32(w[c]);
         return;
     }
-    const int bits = m->bits, per_word = 32 / bits;
-    const uint32_t mask = (1u << bits) - 1u;
-    const int64_t ngroups = m->cols / m->group, words_per_group = m->group / per_word;
-    const uint32_t *q = m->q + r * (m->cols / per_word);
+    const int64_t ngroups = m->cols / m->group;
+    const uint32_t *q = m->q + r * (m->cols * m->bits / 32);
     const uint16_t *sc = m->scales + r * ngroups, *bi = m->biases + r * ngroups;
-    for (int64_t g = 0; g < ngroups; g++) {
-        const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
-        for (int64_t wi = 0; wi < words_per_group; wi++) {
-            uint32_t word = q[g * words_per_group + wi];
-            float *o = out + g * m->group + wi * per_word;
-            for (int j = 0; j < per_word; j++) o[j] = s * (float)((word >> (j * bits)) & mask) + b;
-        }
-    }
+    if (m->bits == 4) row_affine(q, sc, bi, m->cols, m->group, 4, out);
+    else row_affine(q, sc, bi, m->cols, m->group, 8, out);
 }
 
 /* ---- loader ------------------------------------------------------------- */

@@ -13,26 +13,32 @@ float cpu_dot(const float *a, const float *b, int64_t n) {
 }
 
 /* Affine GEMV for one token without materialising the row:
- * sum_i x_i (s q_i + b) = s * sum_i x_i q_i + b * sum_i x_i, per group. */
-static float affine_row_dot(const lilac_matrix *m, int64_t r, const float *x, const float *xsum) {
-    const int bits = m->bits, per_word = 32 / bits, group = m->group;
+ * sum_i x_i (s q_i + b) = s * sum_i x_i q_i + b * sum_i x_i, per group.
+ * BITS is a compile-time constant (4 or 8) so the unpacking unrolls. */
+static inline float affine_row_dot_bits(const lilac_matrix *m, int64_t r, const float *x, const float *xsum, int bits) {
+    const int per_word = 32 / bits, group = m->group;
     const uint32_t mask = (1u << bits) - 1u;
     const int64_t ngroups = m->cols / group, wpg = group / per_word;
     const uint32_t *q = m->q + r * (m->cols / per_word);
     const uint16_t *sc = m->scales + r * ngroups, *bi = m->biases + r * ngroups;
     float acc = 0.0f;
     for (int64_t g = 0; g < ngroups; g++) {
-        float dq = 0.0f;
+        float dq[8] = {0};
         const float *xg = x + g * group;
         const uint32_t *qg = q + g * wpg;
         for (int64_t w = 0; w < wpg; w++) {
-            uint32_t word = qg[w];
+            const uint32_t word = qg[w];
             const float *xw = xg + w * per_word;
-            for (int j = 0; j < per_word; j++) dq += xw[j] * (float)((word >> (j * bits)) & mask);
+            for (int j = 0; j < per_word; j++) dq[j & 7] += xw[j] * (float)((word >> (j * bits)) & mask);
         }
-        acc += bf16_to_f32(sc[g]) * dq + bf16_to_f32(bi[g]) * xsum[g];
+        const float d = ((dq[0] + dq[1]) + (dq[2] + dq[3])) + ((dq[4] + dq[5]) + (dq[6] + dq[7]));
+        acc += bf16_to_f32(sc[g]) * d + bf16_to_f32(bi[g]) * xsum[g];
     }
     return acc;
+}
+
+static float affine_row_dot(const lilac_matrix *m, int64_t r, const float *x, const float *xsum) {
+    return m->bits == 4 ? affine_row_dot_bits(m, r, x, xsum, 4) : affine_row_dot_bits(m, r, x, xsum, 8);
 }
 
 void cpu_matmul(const lilac_matrix *W, const float *x, int T, float *y) {
