@@ -13,7 +13,7 @@ endif
 # The CPU backend is tuned for the machine that builds it (CI builds and runs on one machine);
 # CPU_ARCH= gives a portable x86-64 build.
 CPU_ARCH ?= -march=native
-OPT     ?= -O3 $(CPU_ARCH)
+OPT     ?= -O2 $(CPU_ARCH)
 WERROR  ?= -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(EXTRA_CFLAGS)
 LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp

@@ -296,7 +296,7 @@ static tensor *add_t(tlist *T, const char *name, st_dtype dt, int nd, int64_t a,
     if (T->n == T->cap) T->v = xrealloc(T->v, sizeof(tensor) * (size_t)(T->cap = T->cap ? 2 * T->cap : 64));
     tensor *t = &T->v[T->n++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
+    if (snprintf(t->name, sizeof t->name, "%s", name) >= (int)sizeof t->name) lilac_die("demo: tensor name too long: %s", name);
     t->dt = dt;
     t->nd = nd;
     t->shape[0] = a, t->shape[1] = b, t->shape[2] = c;
@@ -314,11 +314,11 @@ static void add_q(tlist *T, const char *base, int64_t E, int64_t rows, int64_t c
     const int64_t R = E ? E * rows : rows;
     const int64_t a = E ? E : rows, b = E ? rows : cols * bits / 32, b2 = E ? rows : cols / 64;
     const int64_t c = E ? cols * bits / 32 : 0, c2 = E ? cols / 64 : 0;
-    snprintf(n, sizeof n, "%s.weight", base);
+    if (snprintf(n, sizeof n, "%s.weight", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
     tensor *w = add_t(T, n, ST_U32, nd, a, b, c);
-    snprintf(n, sizeof n, "%s.scales", base);
+    if (snprintf(n, sizeof n, "%s.scales", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
     tensor *s = add_t(T, n, ST_BF16, nd, a, b2, c2);
-    snprintf(n, sizeof n, "%s.biases", base);
+    if (snprintf(n, sizeof n, "%s.biases", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
     tensor *bi = add_t(T, n, ST_BF16, nd, a, b2, c2);
     uint32_t *q = w->data;
     for (size_t i = 0; i < w->bytes / 4; i++) q[i] = (uint32_t)rnd(T);
