@@ -16,6 +16,7 @@
  *
  * On failure *c is left zeroed (nothing to free). */
 #include "config.h"
+#include "../util/json_brief.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -34,22 +35,6 @@
 #define DEF_FULL_INTERVAL 4
 
 /* A short rendering of a JSON value for "found ..." in messages. */
-static void json_brief(const json_t *v, char *buf, size_t cap) {
-    if (!v) {
-        snprintf(buf, cap, "nothing (field absent)");
-        return;
-    }
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s) {
-        snprintf(buf, cap, "(unprintable)");
-        return;
-    }
-    if (strlen(s) > 48)
-        snprintf(buf, cap, "%.45s...", s);
-    else
-        snprintf(buf, cap, "%s", s);
-    free(s);
-}
 
 typedef struct {
     const char *path;

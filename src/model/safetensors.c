@@ -10,6 +10,7 @@
  *    around st_parse_buffer (the fuzz target, tests) can be closed safely.
  * The parser never dereferences tensor data: it only computes pointers. */
 #include "safetensors.h"
+#include "../util/json_brief.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -57,22 +58,6 @@ static int dtype_from_name(const char *s, st_dtype *out) {
 /* Small formatting helpers for error messages.                              */
 
 /* A short rendering of a JSON value for "found ..." in messages. */
-static void json_brief(const json_t *v, char *buf, size_t cap) {
-    if (!v) {
-        snprintf(buf, cap, "nothing");
-        return;
-    }
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s) {
-        snprintf(buf, cap, "(unprintable)");
-        return;
-    }
-    if (strlen(s) > 48)
-        snprintf(buf, cap, "%.45s...", s);
-    else
-        snprintf(buf, cap, "%s", s);
-    free(s);
-}
 
 static void shape_str(const int64_t *shape, int ndim, char *buf, size_t cap) {
     size_t n = 0;

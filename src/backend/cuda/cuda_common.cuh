@@ -40,6 +40,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// Warp-wide (value, index) maximum; ties go to the lowest index (as the CPU reference).
+template <typename I>
+__device__ __forceinline__ void warp_argmax(float &v, I &idx) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const I oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
+    }
+}
+
 // Block-wide sum; `sh` holds >= 32 floats. All threads get the result.
 __device__ __forceinline__ float block_sum(float v, float *sh) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

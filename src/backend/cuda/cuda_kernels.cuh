@@ -798,12 +798,7 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
         int idx = 0x7fffffff;
         for (int e = lane; e < E; e += 32)
             if (p[e] > v) { v = p[e]; idx = e; }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-        }
+        warp_argmax(v, idx);
         const float w = v * inv;
         tot += w;
         if (lane == 0) {
@@ -847,12 +842,7 @@ __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *top
 #pragma unroll
         for (int u = 0; u < PL; u++)
             if (p[u] > v) { v = p[u]; idx = lane + 32 * u; }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-        }
+        warp_argmax(v, idx);
         const float w = v * inv;
         tot += w;
 #pragma unroll
@@ -929,12 +919,7 @@ __global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring
     int64_t idx = 0x7fffffffffffll;
     for (int64_t i = tid; i < V; i += blockDim.x)
         if (logits[i] > v) { v = logits[i]; idx = i; }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        int64_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-    }
+    warp_argmax(v, idx);
     if (lane == 0) { bv[warp] = v; bi[warp] = idx; }
     __syncthreads();
     if (tid == 0) {
