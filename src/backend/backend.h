@@ -15,6 +15,12 @@ extern "C" {
 
 typedef struct lilac_session lilac_session; /* backend-private */
 
+/* A copy of a session's recurrent state at one position: the GDN state and
+ * conv window of every linear-attention layer, and the position itself. KV
+ * entries are not copied: entries below the position are never overwritten
+ * by later tokens, so restoring the position truncates the KV cache. */
+typedef struct lilac_snapshot lilac_snapshot; /* backend-private */
+
 /* Which logits forward() writes. */
 typedef enum {
     LOGITS_NONE = 0, /* just advance the state (prefill of a prefix) */
@@ -43,6 +49,18 @@ typedef struct {
      * step) but never past this contract. */
     int (*decode_greedy)(lilac_session *s, int32_t first, int max_new, bool (*on_token)(void *ud, int32_t tok),
                          void *ud, lilac_err *err);
+    /* Snapshots (prefix reuse across turns): take one at the current position;
+     * restore rewinds the session to it (the session must be the one it was
+     * taken from, and must not have been reset since); free. */
+    lilac_snapshot *(*snapshot)(lilac_session *s, lilac_err *err);
+    int (*restore)(lilac_session *s, const lilac_snapshot *snap, lilac_err *err);
+    void (*snapshot_free)(lilac_snapshot *snap);
+    int64_t (*snapshot_pos)(const lilac_snapshot *snap);
+    size_t (*snapshot_bytes)(const lilac_snapshot *snap);
+    /* One decode step for n sessions of the same model at once (one token each,
+     * ids[i] for ss[i]): logits [n, vocab]. The weights are read once for all n
+     * rows (CPU), or the sessions step one after another (CUDA, for now). */
+    int (*forward_batch)(lilac_session **ss, const int32_t *ids, int n, float *logits, lilac_err *err);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../model/safetensors.h"
+#include "../tools/synth.h"
 #include "demo_template.h"
 #include "sbuf.h"
 
@@ -173,7 +174,7 @@ static int write_file(const char *dir, const char *name, const void *p, size_t n
     return 0;
 }
 
-static int write_tokenizer(const char *dir, lilac_err *err) {
+static int write_tokenizer(const char *dir, int *eos_out, lilac_err *err) {
     tokstr *tok = xcalloc(D_V, sizeof(tokstr));
     int(*merges)[2] = xcalloc(N_MERGES, sizeof *merges);
     int ntok = train(tok, merges);
@@ -230,30 +231,11 @@ static int write_tokenizer(const char *dir, lilac_err *err) {
     if (!rc) rc = write_file(dir, "tokenizer_config.json", b.p, b.n, err);
     sb_clear(&b);
     int endoftext = ntok, im_end = ntok + 2;
+    *eos_out = endoftext;
     sb_printf(&b, "{\n  \"bos_token_id\": %d,\n  \"do_sample\": true,\n  \"eos_token_id\": [%d, %d],\n  \"pad_token_id\": %d,\n"
                   "  \"temperature\": 1.0,\n  \"top_k\": 20,\n  \"top_p\": 0.95\n}\n", endoftext, im_end, endoftext, endoftext);
     if (!rc) rc = write_file(dir, "generation_config.json", b.p, b.n, err);
     sb_clear(&b);
-    /* config.json */
-    sb_printf(&b, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n"
-                  "  \"tie_word_embeddings\": false,\n  \"lilac_demo\": \"random weights: the text is gibberish\",\n"
-                  "  \"text_config\": {\n    \"model_type\": \"qwen3_5_moe_text\",\n"
-                  "    \"hidden_size\": %d, \"num_hidden_layers\": %d, \"vocab_size\": %d, \"rms_norm_eps\": 1e-06,\n"
-                  "    \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"full_attention_interval\": 4,\n"
-                  "    \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n"
-                  "    \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n"
-                  "    \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %d,\n"
-                  "    \"shared_expert_intermediate_size\": %d, \"max_position_embeddings\": 262144,\n"
-                  "    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, "
-                  "\"mrope_section\": [3, 3, 2], \"mrope_interleaved\": true},\n"
-                  "    \"eos_token_id\": %d, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n"
-                  "  \"quantization\": {\n    \"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"",
-              D_H, D_LAYERS, D_V, D_HEADS, D_KV, D_HD, D_LK, D_LV, D_KD, D_VD, D_CONV, D_E, D_TOPK, D_I, D_SI, endoftext);
-    for (int l = 0; l < D_LAYERS; l++)
-        sb_printf(&b, ",\n    \"language_model.model.layers.%d.mlp.gate\": {\"group_size\": 64, \"bits\": 8},\n"
-                      "    \"language_model.model.layers.%d.mlp.shared_expert_gate\": {\"group_size\": 64, \"bits\": 8}", l, l);
-    sb_puts(&b, "\n  }\n}\n");
-    if (!rc) rc = write_file(dir, "config.json", b.p, b.n, err);
     if (!rc) rc = write_file(dir, "chat_template.jinja", lilac_demo_chat_template, LILAC_DEMO_CHAT_TEMPLATE_LEN, err);
     static const char README[] =
         "lilac demo model: the Qwen3.6-35B-A3B architecture at a tiny size with RANDOM weights, in the\n"
@@ -267,156 +249,40 @@ static int write_tokenizer(const char *dir, lilac_err *err) {
     return rc;
 }
 
-/* ---- weights ---------------------------------------------------------------- */
+/* ---- weights: the synth writer at the demo's geometry --------------------- */
 
-typedef struct {
-    char name[128];
-    st_dtype dt;
-    int nd;
-    int64_t shape[3];
-    size_t bytes;
-    void *data;
-} tensor;
-
-typedef struct {
-    tensor *v;
-    int n, cap;
-    uint64_t rng;
-} tlist;
-
-static uint64_t rnd(tlist *T) {
-    uint64_t z = (T->rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static float unif(tlist *T) { return (float)((rnd(T) >> 40) * (1.0 / 16777216.0)); }
-
-static tensor *add_t(tlist *T, const char *name, st_dtype dt, int nd, int64_t a, int64_t b, int64_t c) {
-    if (T->n == T->cap) T->v = xrealloc(T->v, sizeof(tensor) * (size_t)(T->cap = T->cap ? 2 * T->cap : 64));
-    tensor *t = &T->v[T->n++];
-    memset(t, 0, sizeof *t);
-    if (snprintf(t->name, sizeof t->name, "%s", name) >= (int)sizeof t->name) lilac_die("demo: tensor name too long: %s", name);
-    t->dt = dt;
-    t->nd = nd;
-    t->shape[0] = a, t->shape[1] = b, t->shape[2] = c;
-    size_t n = st_dtype_size(dt);
-    for (int i = 0; i < nd; i++) n *= (size_t)t->shape[i];
-    t->bytes = n;
-    t->data = xcalloc(1, n ? n : 1);
-    return t;
-}
-
-/* Quantised [E?, rows, cols] with entries of std gain/sqrt(cols). */
-static void add_q(tlist *T, const char *base, int64_t E, int64_t rows, int64_t cols, int bits, float gain) {
-    char n[160];
-    const int nd = E ? 3 : 2;
-    const int64_t R = E ? E * rows : rows;
-    const int64_t a = E ? E : rows, b = E ? rows : cols * bits / 32, b2 = E ? rows : cols / 64;
-    const int64_t c = E ? cols * bits / 32 : 0, c2 = E ? cols / 64 : 0;
-    if (snprintf(n, sizeof n, "%s.weight", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
-    tensor *w = add_t(T, n, ST_U32, nd, a, b, c);
-    if (snprintf(n, sizeof n, "%s.scales", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
-    tensor *s = add_t(T, n, ST_BF16, nd, a, b2, c2);
-    if (snprintf(n, sizeof n, "%s.biases", base) >= (int)sizeof n) lilac_die("demo: tensor name too long: %s", base);
-    tensor *bi = add_t(T, n, ST_BF16, nd, a, b2, c2);
-    uint32_t *q = w->data;
-    for (size_t i = 0; i < w->bytes / 4; i++) q[i] = (uint32_t)rnd(T);
-    const float levels = (float)((1 << bits) - 1);
-    const float q_sd = levels / sqrtf(12.0f) * sqrtf(1.0f + 2.0f / levels);
-    const float sigma = gain / sqrtf((float)cols);
-    uint16_t *sp = s->data, *bp = bi->data;
-    for (int64_t g = 0; g < R * (cols / 64); g++) {
-        float sc = (unif(T) < 0.5f ? -1.0f : 1.0f) * sigma * (0.75f + 0.5f * unif(T)) / q_sd;
-        sp[g] = f32_to_bf16(sc);
-        bp[g] = f32_to_bf16(-sc * levels * 0.5f);
-    }
-}
-
-static void add_vec(tlist *T, const char *name, st_dtype dt, int nd, int64_t a, int64_t b, float base, float spread) {
-    tensor *t = add_t(T, name, dt, nd, a, b, nd > 2 ? 1 : 0);
-    size_t n = t->bytes / st_dtype_size(dt);
-    for (size_t i = 0; i < n; i++) {
-        float v = base + spread * (unif(T) - 0.5f);
-        if (dt == ST_F32) ((float *)t->data)[i] = v;
-        else ((uint16_t *)t->data)[i] = f32_to_bf16(v);
-    }
-}
-
-static int write_weights(const char *dir, lilac_err *err) {
-    tlist T = {.rng = 20260601};
-    char n[160];
-    const int CD = 2 * D_LK * D_KD + D_LV * D_VD, VD = D_LV * D_VD;
-    add_q(&T, "language_model.model.embed_tokens", 0, D_V, D_H, 4, sqrtf((float)D_H));
-    add_q(&T, "language_model.lm_head", 0, D_V, D_H, 4, 3.0f);
-    add_vec(&T, "language_model.model.norm.weight", ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
-    for (int l = 0; l < D_LAYERS; l++) {
-#define N(fmt) (snprintf(n, sizeof n, "language_model.model.layers.%d." fmt, l), n)
-        add_vec(&T, N("input_layernorm.weight"), ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
-        add_vec(&T, N("post_attention_layernorm.weight"), ST_BF16, 1, D_H, 0, 1.0f, 0.1f);
-        if ((l + 1) % 4) {
-            add_q(&T, N("linear_attn.in_proj_qkv"), 0, CD, D_H, 4, 1.0f);
-            add_q(&T, N("linear_attn.in_proj_z"), 0, VD, D_H, 4, 1.0f);
-            add_q(&T, N("linear_attn.in_proj_b"), 0, D_LV, D_H, 4, 1.0f);
-            add_q(&T, N("linear_attn.in_proj_a"), 0, D_LV, D_H, 4, 0.5f);
-            add_q(&T, N("linear_attn.out_proj"), 0, D_H, VD, 4, 1.0f);
-            add_vec(&T, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, D_CONV, 0.0f, 1.0f);
-            tensor *al = add_t(&T, N("linear_attn.A_log"), ST_F32, 1, D_LV, 0, 0);
-            for (int i = 0; i < D_LV; i++) ((float *)al->data)[i] = logf(1.0f + 15.0f * unif(&T));
-            add_vec(&T, N("linear_attn.dt_bias"), ST_BF16, 1, D_LV, 0, -1.75f, 4.5f);
-            add_vec(&T, N("linear_attn.norm.weight"), ST_BF16, 1, D_VD, 0, 1.0f, 0.2f);
-        } else {
-            add_q(&T, N("self_attn.q_proj"), 0, 2 * D_HEADS * D_HD, D_H, 4, 1.0f);
-            add_q(&T, N("self_attn.k_proj"), 0, D_KV * D_HD, D_H, 4, 1.0f);
-            add_q(&T, N("self_attn.v_proj"), 0, D_KV * D_HD, D_H, 4, 1.0f);
-            add_q(&T, N("self_attn.o_proj"), 0, D_H, D_HEADS * D_HD, 4, 1.0f);
-            add_vec(&T, N("self_attn.q_norm.weight"), ST_BF16, 1, D_HD, 0, 1.0f, 0.2f);
-            add_vec(&T, N("self_attn.k_norm.weight"), ST_BF16, 1, D_HD, 0, 1.0f, 0.2f);
-        }
-        add_q(&T, N("mlp.gate"), 0, D_E, D_H, 8, 2.0f);
-        add_q(&T, N("mlp.shared_expert_gate"), 0, 1, D_H, 8, 1.0f);
-        add_q(&T, N("mlp.shared_expert.gate_proj"), 0, D_SI, D_H, 4, 1.0f);
-        add_q(&T, N("mlp.shared_expert.up_proj"), 0, D_SI, D_H, 4, 1.0f);
-        add_q(&T, N("mlp.shared_expert.down_proj"), 0, D_H, D_SI, 4, 1.0f);
-        add_q(&T, N("mlp.switch_mlp.gate_proj"), D_E, D_I, D_H, 4, 1.0f);
-        add_q(&T, N("mlp.switch_mlp.up_proj"), D_E, D_I, D_H, 4, 1.0f);
-        add_q(&T, N("mlp.switch_mlp.down_proj"), D_E, D_H, D_I, 4, 1.0f);
-#undef N
-    }
-    sbuf h = {0};
-    sb_puts(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
-    size_t off = 0;
-    for (int i = 0; i < T.n; i++) {
-        tensor *t = &T.v[i];
-        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, st_dtype_name(t->dt));
-        for (int d = 0; d < t->nd; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-        sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", off, off + t->bytes);
-        off += t->bytes;
-    }
-    sb_puts(&h, "}");
-    while (h.n % 8) sb_putc(&h, ' ');
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    FILE *f = fopen(path, "wb");
-    int rc = 0;
-    if (!f) rc = lilac_fail(err, "demo: cannot write %s: %s", path, strerror(errno));
-    else {
-        unsigned char le[8];
-        for (int b = 0; b < 8; b++) le[b] = (unsigned char)((uint64_t)h.n >> (8 * b));
-        bool ok = fwrite(le, 1, 8, f) == 8 && fwrite(h.p, 1, h.n, f) == h.n;
-        for (int i = 0; i < T.n && ok; i++) ok = fwrite(T.v[i].data, 1, T.v[i].bytes, f) == T.v[i].bytes;
-        if (fclose(f) != 0 || !ok) rc = lilac_fail(err, "demo: writing %s failed (disk full?)", path);
-    }
-    for (int i = 0; i < T.n; i++) free(T.v[i].data);
-    free(T.v);
-    sb_free(&h);
+static int write_weights(const char *dir, int eos, lilac_err *err) {
+    lilac_config c;
+    lilac_config_real(&c);
+    c.hidden = D_H;
+    c.n_layers = D_LAYERS;
+    c.vocab = D_V;
+    c.n_heads = D_HEADS;
+    c.n_kv_heads = D_KV;
+    c.head_dim = D_HD;
+    c.rotary_dim = D_HD / 4;
+    c.lin_k_heads = D_LK;
+    c.lin_v_heads = D_LV;
+    c.lin_k_dim = D_KD;
+    c.lin_v_dim = D_VD;
+    c.conv_kernel = D_CONV;
+    c.n_experts = D_E;
+    c.top_k = D_TOPK;
+    c.moe_inter = D_I;
+    c.shared_inter = D_SI;
+    c.eos_id = eos;
+    for (int l = 0; l < D_LAYERS; l++) c.is_full[l] = (l + 1) % 4 == 0;
+    lilac_synth_opts o = {.seed = 20260601, .config_note = "lilac demo: random weights, the text is gibberish", .quiet = true};
+    int rc = lilac_synth_write(dir, &c, &o, err);
+    lilac_config_free(&c);
     return rc;
 }
 
 int lilac_demo_build(const char *dir, lilac_err *err) {
     if (mkdir(dir, 0755) < 0 && errno != EEXIST) return lilac_fail(err, "demo: cannot create %s: %s", dir, strerror(errno));
-    if (write_tokenizer(dir, err) < 0) return -1;
-    return write_weights(dir, err);
+    int eos = 0;
+    if (write_tokenizer(dir, &eos, err) < 0) return -1;
+    return write_weights(dir, eos, err);
 }
 
 static int mkdirs(const char *path) {
@@ -442,7 +308,7 @@ int lilac_demo_dir(char *out, size_t n, lilac_err *err) {
 
 int lilac_demo_ensure(const char *dir, lilac_err *err) {
     char probe[4096];
-    snprintf(probe, sizeof probe, "%s/model.safetensors", dir);
+    snprintf(probe, sizeof probe, "%s/config.json", dir); /* written last */
     if (access(probe, R_OK) == 0) return 0;
     char parent[4096];
     snprintf(parent, sizeof parent, "%s", dir);

@@ -13,7 +13,7 @@
 
 #include "../util/common.h"
 
-#define LILAC_DEMO_VERSION 1
+#define LILAC_DEMO_VERSION 2
 #define LILAC_DEMO_VOCAB 1024
 
 /* The cache directory: $XDG_CACHE_HOME/lilac/demo-vN or ~/.cache/lilac/demo-vN. */

@@ -17,8 +17,8 @@
 #include <unistd.h>
 
 #include "../cli/commands.h"
-#include "../model/config.h"
 #include "../model/safetensors.h"
+#include "synth.h"
 
 typedef struct {
     char name[160];
@@ -117,73 +117,68 @@ static void fill(const spec *s, int si, uint64_t seed, void *buf) {
     }
 }
 
-static void write_config(FILE *f, const lilac_config *c, int layers) {
+static void write_config(FILE *f, const lilac_config *c, const char *note) {
+    const int L = c->n_layers, nfreq = c->rotary_dim / 2, ms = (nfreq * 11 + 16) / 32;
     fprintf(f, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n");
+    if (note) fprintf(f, "  \"lilac_note\": \"%s\",\n", note);
     fprintf(f, "  \"tie_word_embeddings\": false,\n  \"text_config\": {\n    \"model_type\": \"qwen3_5_moe_text\",\n");
-    fprintf(f, "    \"hidden_size\": %lld, \"num_hidden_layers\": %d, \"vocab_size\": %lld, \"rms_norm_eps\": 1e-06,\n",
-            (long long)c->hidden, layers, (long long)c->vocab);
-    fprintf(f, "    \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"full_attention_interval\": 4,\n",
-            c->n_heads, c->n_kv_heads, c->head_dim);
-    fprintf(f, "    \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n",
+    fprintf(f, "    \"hidden_size\": %lld, \"num_hidden_layers\": %d, \"vocab_size\": %lld, \"rms_norm_eps\": %g,\n",
+            (long long)c->hidden, L, (long long)c->vocab, (double)c->rms_eps);
+    fprintf(f, "    \"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"full_attention_interval\": %d,\n",
+            c->n_heads, c->n_kv_heads, c->head_dim, c->full_interval);
+    fprintf(f, "    \"layer_types\": [");
+    for (int l = 0; l < L; l++) fprintf(f, "%s\"%s\"", l ? ", " : "", c->is_full[l] ? "full_attention" : "linear_attention");
+    fprintf(f, "],\n    \"linear_num_key_heads\": %d, \"linear_num_value_heads\": %d, \"linear_key_head_dim\": %d,\n",
             c->lin_k_heads, c->lin_v_heads, c->lin_k_dim);
     fprintf(f, "    \"linear_value_head_dim\": %d, \"linear_conv_kernel_dim\": %d,\n", c->lin_v_dim, c->conv_kernel);
     fprintf(f, "    \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %lld,\n", c->n_experts,
             c->top_k, (long long)c->moe_inter);
     fprintf(f, "    \"shared_expert_intermediate_size\": %lld, \"max_position_embeddings\": %lld,\n",
             (long long)c->shared_inter, (long long)c->max_pos);
-    fprintf(f, "    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000000, \"partial_rotary_factor\": 0.25, "
-               "\"mrope_section\": [11, 11, 10], \"mrope_interleaved\": true},\n");
-    fprintf(f, "    \"eos_token_id\": 248044, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n");
+    fprintf(f, "    \"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": %.17g, \"partial_rotary_factor\": %.17g, "
+               "\"mrope_section\": [%d, %d, %d], \"mrope_interleaved\": true},\n",
+            c->rope_theta, (double)c->rotary_dim / c->head_dim, ms, ms, nfreq - 2 * ms);
+    fprintf(f, "    \"eos_token_id\": %d, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n", c->eos_id);
     fprintf(f, "  \"quantization\": {\n    \"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"");
-    for (int l = 0; l < layers; l++)
+    for (int l = 0; l < L; l++)
         fprintf(f, ",\n    \"language_model.model.layers.%d.mlp.gate\": {\"group_size\": 64, \"bits\": 8},\n"
                    "    \"language_model.model.layers.%d.mlp.shared_expert_gate\": {\"group_size\": 64, \"bits\": 8}", l, l);
     fprintf(f, "\n  }\n}\n");
 }
 
-int cmd_synth(int argc, char **argv) {
-    const char *out = NULL;
-    long seed = 0, layers = 40, vocab = 0;
-    for (int i = 1; i < argc; i++)
-        if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
-            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab))
-            opt_unknown("synth", argv[i]);
-    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V]");
-    lilac_config c;
-    lilac_config_real(&c);
-    if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
-    if (vocab) {
-        if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
-        c.vocab = vocab;
-    }
-    const int64_t H = c.hidden, E = c.n_experts, I = c.moe_inter, SI = c.shared_inter;
-    const int64_t CD = cfg_conv_dim(&c), VD = cfg_lin_val_dim(&c), Hv = c.lin_v_heads, hd = c.head_dim;
+int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth_opts *o, lilac_err *err) {
+    const lilac_config *c = cc;
+    const int64_t H = c->hidden, E = c->n_experts, I = c->moe_inter, SI = c->shared_inter;
+    const int64_t CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), Hv = c->lin_v_heads, hd = c->head_dim;
+    const uint64_t seed = o->seed;
+    if (H % 64 || VD % 64 || I % 64 || SI % 64 || (2 * c->n_heads * hd) % 64 || c->vocab < 1)
+        return lilac_fail(err, "synth: hidden, value and expert widths must be multiples of the group size 64");
 
     specs S = {0};
     char p[160], n[200];
-    add_q(&S, "language_model.model.embed_tokens", 0, c.vocab, H, 4, 1.0f * sqrtf((float)H));
-    add_q(&S, "language_model.lm_head", 0, c.vocab, H, 4, 2.0f);
+    add_q(&S, "language_model.model.embed_tokens", 0, c->vocab, H, 4, 1.0f * sqrtf((float)H));
+    add_q(&S, "language_model.lm_head", 0, c->vocab, H, 4, 2.0f);
     add(&S, "language_model.model.norm.weight", ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
-    for (int l = 0; l < layers; l++) {
+    for (int l = 0; l < c->n_layers; l++) {
         snprintf(p, sizeof p, "language_model.model.layers.%d", l);
 #define N(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
         add(&S, N("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
         add(&S, N("post_attention_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
-        if ((l + 1) % 4) {
+        if (!c->is_full[l]) {
             add_q(&S, N("linear_attn.in_proj_qkv"), 0, CD, H, 4, 1.0f);
             add_q(&S, N("linear_attn.in_proj_z"), 0, VD, H, 4, 1.0f);
             add_q(&S, N("linear_attn.in_proj_b"), 0, Hv, H, 4, 1.0f);
             add_q(&S, N("linear_attn.in_proj_a"), 0, Hv, H, 4, 1.0f);
             add_q(&S, N("linear_attn.out_proj"), 0, H, VD, 4, 1.0f);
-            add(&S, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, c.conv_kernel, 1, K_CONV, 0, 0);
+            add(&S, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, c->conv_kernel, 1, K_CONV, 0, 0);
             add(&S, N("linear_attn.A_log"), ST_F32, 1, Hv, 0, 0, K_ALOG, 0, 0);
             add(&S, N("linear_attn.dt_bias"), ST_BF16, 1, Hv, 0, 0, K_DTBIAS, 0, 0);
-            add(&S, N("linear_attn.norm.weight"), ST_BF16, 1, c.lin_v_dim, 0, 0, K_GAIN, 0, 0);
+            add(&S, N("linear_attn.norm.weight"), ST_BF16, 1, c->lin_v_dim, 0, 0, K_GAIN, 0, 0);
         } else {
-            add_q(&S, N("self_attn.q_proj"), 0, 2 * c.n_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.k_proj"), 0, c.n_kv_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.v_proj"), 0, c.n_kv_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.o_proj"), 0, H, c.n_heads * hd, 4, 1.0f);
+            add_q(&S, N("self_attn.q_proj"), 0, 2 * c->n_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.k_proj"), 0, c->n_kv_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.v_proj"), 0, c->n_kv_heads * hd, H, 4, 1.0f);
+            add_q(&S, N("self_attn.o_proj"), 0, H, c->n_heads * hd, 4, 1.0f);
             add(&S, N("self_attn.q_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
             add(&S, N("self_attn.k_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
         }
@@ -197,9 +192,8 @@ int cmd_synth(int argc, char **argv) {
         add_q(&S, N("mlp.switch_mlp.down_proj"), E, H, I, 4, 1.0f);
 #undef N
     }
-
     /* Shards of at most ~5 GB, in spec order. */
-    const size_t SHARD = 5000000000ull;
+    const size_t SHARD = o->shard_bytes ? o->shard_bytes : (size_t)-1;
     int n_shards = 1;
     size_t cur = 0;
     for (int i = 0; i < S.n; i++) {
@@ -208,7 +202,10 @@ int cmd_synth(int argc, char **argv) {
         S.v[i].offset = cur;
         cur += S.v[i].nbytes;
     }
-    if (mkdir(out, 0755) < 0 && errno != EEXIST) lilac_die("synth: cannot create %s: %s", out, strerror(errno));
+    if (mkdir(out, 0755) < 0 && errno != EEXIST) {
+        free(S.v);
+        return lilac_fail(err, "synth: cannot create %s: %s", out, strerror(errno));
+    }
 
     char path[4096];
     size_t total = 0;
@@ -273,15 +270,44 @@ int cmd_synth(int argc, char **argv) {
 
     snprintf(path, sizeof path, "%s/config.json", out);
     FILE *f = fopen(path, "w");
-    if (!f) lilac_die("synth: %s: %s", path, strerror(errno));
-    write_config(f, &c, (int)layers);
-    if (fclose(f) != 0) lilac_die("synth: writing %s failed", path);
+    if (!f) {
+        free(S.v);
+        return lilac_fail(err, "synth: %s: %s", path, strerror(errno));
+    }
+    write_config(f, c, o->config_note);
+    if (fclose(f) != 0) {
+        free(S.v);
+        return lilac_fail(err, "synth: writing %s failed", path);
+    }
     double t1 = lilac_now();
-    fprintf(stderr, "synth: %d tensors, %.2f GB in %d shard(s) in %.1f s (%.2f GB/s, %d threads), seed %ld\n", S.n,
-            bytes / 1e9, n_shards, t1 - t0, bytes / 1e9 / (t1 - t0), omp_get_max_threads(), seed);
+    if (!o->quiet)
+        fprintf(stderr, "synth: %d tensors, %.2f GB in %d shard(s) in %.1f s (%.2f GB/s, %d threads), seed %llu\n", S.n,
+                bytes / 1e9, n_shards, t1 - t0, bytes / 1e9 / (t1 - t0), omp_get_max_threads(), (unsigned long long)seed);
     free(fds);
     free(hdr);
     free(S.v);
+    return 0;
+}
+
+int cmd_synth(int argc, char **argv) {
+    const char *out = NULL;
+    long seed = 0, layers = 40, vocab = 0;
+    for (int i = 1; i < argc; i++)
+        if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
+            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab))
+            opt_unknown("synth", argv[i]);
+    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V]");
+    lilac_config c;
+    lilac_config_real(&c);
+    if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
+    c.n_layers = (int)layers;
+    if (vocab) {
+        if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
+        c.vocab = vocab;
+    }
+    lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull};
+    lilac_err err = {{0}};
+    if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
     lilac_config_free(&c);
     return 0;
 }

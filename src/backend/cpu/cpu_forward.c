@@ -16,6 +16,15 @@
 
 #define CHUNK 128
 
+/* Rows [t0, t0+n) of a pass belong to session s (positions s->pos ...). A pass
+ * over one session's tokens has one group; a batched decode step has one group
+ * per session, one row each. Matrix products run over all rows at once; the
+ * state-carrying steps (conv window, recurrence, KV cache) per group. */
+typedef struct {
+    lilac_session *s;
+    int t0, n;
+} rowgroup;
+
 struct lilac_session {
     const lilac_model *m;
     int threads;
@@ -33,6 +42,8 @@ struct lilac_session {
     float *router, *topw, *moe_x, *moe_g, *moe_u, *moe_y, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
     int *topi;
     float *hidden_last;                /* [hidden] normed final hidden of the last token */
+    rowgroup grp[CHUNK];               /* the groups of the pass this session leads */
+    int ngrp;
 };
 
 /* ---- session ------------------------------------------------------------ */
@@ -119,48 +130,54 @@ static void kv_reserve(lilac_session *s, int64_t need) {
 
 /* ---- Gated DeltaNet ----------------------------------------------------- */
 
-static void gdn_layer(lilac_session *s, const lilac_layer *ly, float **conv_state_p, float *ssm, int T) {
+static void gdn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     const lilac_config *c = &s->m->cfg;
     const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
     const int K = c->conv_kernel, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    float *conv_state = *conv_state_p;
 
     cpu_matmul(&ly->in_qkv, s->xn, T, s->qkv);
     cpu_matmul(&ly->in_z, s->xn, T, s->z);
     cpu_matmul(&ly->in_b, s->xn, T, s->bb);
     cpu_matmul(&ly->in_a, s->xn, T, s->ba);
 
-    /* Causal depthwise conv over [state (K-1 rows) | qkv (T rows)], then SiLU. */
+    /* Causal depthwise conv over [state (K-1 rows) | qkv (the group's rows)], then SiLU. */
 #pragma omp parallel for schedule(static)
     for (int64_t ch = 0; ch < CD; ch++) {
         const float *w = ly->conv + ch * K;
-        for (int t = 0; t < T; t++) {
-            float acc = 0.0f;
-            for (int k = 0; k < K; k++) {
-                int src = t - (K - 1) + k; /* < 0: from the state */
-                float in = src >= 0 ? s->qkv[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
-                acc += w[k] * in;
+        for (int gi = 0; gi < s->ngrp; gi++) {
+            const rowgroup *g = &s->grp[gi];
+            float *conv_state = g->s->conv_state[l];
+            const float *in = s->qkv + (int64_t)g->t0 * CD;
+            for (int t = 0; t < g->n; t++) {
+                float acc = 0.0f;
+                for (int k = 0; k < K; k++) {
+                    int src = t - (K - 1) + k; /* < 0: from the state */
+                    float x = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+                    acc += w[k] * x;
+                }
+                s->conv_out[(int64_t)(g->t0 + t) * CD + ch] = cpu_silu(acc);
             }
-            s->conv_out[(int64_t)t * CD + ch] = cpu_silu(acc);
+            /* New state: the last K-1 raw inputs of [state | qkv]. */
+            float tmp[16];
+            for (int k = 0; k < K - 1; k++) {
+                int src = g->n - (K - 1) + k;
+                tmp[k] = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+            }
+            for (int k = 0; k < K - 1; k++) conv_state[(int64_t)k * CD + ch] = tmp[k];
         }
-        /* New state: the last K-1 raw inputs of [state | qkv]. */
-        float tmp[16];
-        for (int k = 0; k < K - 1; k++) {
-            int src = T - (K - 1) + k;
-            tmp[k] = src >= 0 ? s->qkv[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
-        }
-        for (int k = 0; k < K - 1; k++) conv_state[(int64_t)k * CD + ch] = tmp[k];
     }
 
-    /* Per v-head recurrence, sequential in t, parallel over heads. */
+    /* Per v-head recurrence, sequential in t within a group, parallel over heads and groups. */
     const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int gi = 0; gi < s->ngrp; gi++)
     for (int j = 0; j < Hv; j++) {
+        const rowgroup *g = &s->grp[gi];
         const int hk = j / (Hv / Hk); /* v-head j reads q/k head j / (Hv/Hk) */
-        float *S = ssm + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
+        float *S = g->s->ssm[l] + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
         float q[512], k[512], r[512];
         const float A = expf(ly->A_log[j]);
-        for (int t = 0; t < T; t++) {
+        for (int t = g->t0; t < g->t0 + g->n; t++) {
             const float *row = s->conv_out + (int64_t)t * CD;
             const float *qr = row + hk * dk, *kr = row + KD + hk * dk, *v = row + 2 * KD + (int64_t)j * dv;
             float qs = 0.0f, ks = 0.0f;
@@ -211,38 +228,51 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     const lilac_config *c = &s->m->cfg;
     const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv;
     const int64_t kvw = (int64_t)nkv * hd, qgw = 2 * (int64_t)nh * hd;
-    const int64_t p0 = s->pos;
 
     cpu_matmul(&ly->q_proj, s->xn, T, s->qg);
     cpu_matmul(&ly->k_proj, s->xn, T, s->kx);
     cpu_matmul(&ly->v_proj, s->xn, T, s->vx);
-    kv_reserve(s, p0 + T);
-    float *kc = s->kcache[l], *vc = s->vcache[l];
+    /* Per row: its session's cache and absolute position. */
+    float *row_kc[CHUNK], *row_vc[CHUNK];
+    int64_t row_pos[CHUNK], max_len = 0;
+    for (int gi = 0; gi < s->ngrp; gi++) {
+        const rowgroup *g = &s->grp[gi];
+        kv_reserve(g->s, g->s->pos + g->n);
+        for (int t = 0; t < g->n; t++) {
+            row_kc[g->t0 + t] = g->s->kcache[l];
+            row_vc[g->t0 + t] = g->s->vcache[l];
+            row_pos[g->t0 + t] = g->s->pos + t;
+        }
+        if (g->s->pos + g->n > max_len) max_len = g->s->pos + g->n;
+    }
 
     for (int t = 0; t < T; t++) {
+        const int64_t p = row_pos[t];
+        float *kc = row_kc[t], *vc = row_vc[t];
         for (int h = 0; h < nh; h++) {
             float *q = s->qg + t * qgw + (int64_t)h * 2 * hd; /* [query | gate] per head */
             cpu_rmsnorm(q, q, ly->q_norm, hd, c->rms_eps);
-            rope(q, c->rotary_dim, p0 + t, c->rope_theta);
+            rope(q, c->rotary_dim, p, c->rope_theta);
         }
         for (int h = 0; h < nkv; h++) {
-            float *k = kc + (p0 + t) * kvw + (int64_t)h * hd;
+            float *k = kc + p * kvw + (int64_t)h * hd;
             cpu_rmsnorm(k, s->kx + t * kvw + (int64_t)h * hd, ly->k_norm, hd, c->rms_eps);
-            rope(k, c->rotary_dim, p0 + t, c->rope_theta);
-            memcpy(vc + (p0 + t) * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+            rope(k, c->rotary_dim, p, c->rope_theta);
+            memcpy(vc + p * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
         }
     }
 
     const float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel
     {
-        float *sc = malloc(sizeof(float) * (size_t)(p0 + T));
+        float *sc = malloc(sizeof(float) * (size_t)max_len);
 #pragma omp for collapse(2) schedule(dynamic, 1)
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < nh; h++) {
                 const float *q = s->qg + t * qgw + (int64_t)h * 2 * hd, *gate = q + hd;
+                const float *kc = row_kc[t], *vc = row_vc[t];
                 const int kh = h / grp;
-                const int64_t n = p0 + t + 1; /* causal: keys 0..p0+t */
+                const int64_t n = row_pos[t] + 1; /* causal: keys 0..pos */
                 float mx = -INFINITY;
                 for (int64_t j = 0; j < n; j++) {
                     sc[j] = cpu_dot(q, kc + j * kvw + (int64_t)kh * hd, hd) * scale;
@@ -340,14 +370,14 @@ static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_log
         const lilac_layer *ly = &m->layers[l];
         for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, s->x + t * H, ly->in_norm, H, c->rms_eps);
         if (ly->is_full) attn_layer(s, ly, l, T);
-        else gdn_layer(s, ly, &s->conv_state[l], s->ssm[l], T);
+        else gdn_layer(s, ly, l, T);
         for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
 
         for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, s->x + t * H, ly->post_norm, H, c->rms_eps);
         moe_layer(s, ly, T);
         for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
     }
-    s->pos += T;
+    for (int gi = 0; gi < s->ngrp; gi++) s->grp[gi].s->pos += s->grp[gi].n;
 
     if (mode == LOGITS_NONE) return;
     int first = mode == LOGITS_ALL ? 0 : T - 1;
@@ -370,11 +400,96 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
         bool last = done + T == n;
         lilac_logits_mode cm = mode == LOGITS_ALL ? LOGITS_ALL : (last ? mode : LOGITS_NONE);
         float *out = mode == LOGITS_ALL ? logits + (int64_t)done * c->vocab : logits;
+        s->ngrp = 1;
+        s->grp[0] = (rowgroup){.s = s, .t0 = 0, .n = T};
         forward_chunk(s, ids + done, T, cm, out);
         done += T;
     }
     return 0;
 }
+
+/* ---- batched decode step and snapshots ------------------------------------ */
+
+static int cpu_forward_batch(lilac_session **ss, const int32_t *ids, int n, float *logits, lilac_err *err) {
+    if (n <= 0) return lilac_fail(err, "forward_batch: no sessions");
+    const lilac_config *c = &ss[0]->m->cfg;
+    for (int i = 0; i < n; i++) {
+        if (ss[i]->m != ss[0]->m) return lilac_fail(err, "forward_batch: sessions of different models");
+        for (int j = 0; j < i; j++)
+            if (ss[j] == ss[i]) return lilac_fail(err, "forward_batch: session %d appears twice", i);
+        if (ids[i] < 0 || ids[i] >= c->vocab)
+            return lilac_fail(err, "token id %d (session %d) is outside the vocabulary [0, %lld)", ids[i], i,
+                              (long long)c->vocab);
+        if (ss[i]->pos + 1 > ss[i]->max_seq) return lilac_fail(err, "context full in session %d", i);
+    }
+    for (int done = 0; done < n; done += CHUNK) {
+        const int T = n - done < CHUNK ? n - done : CHUNK;
+        lilac_session *lead = ss[done];
+        lead->ngrp = T;
+        for (int i = 0; i < T; i++) lead->grp[i] = (rowgroup){.s = ss[done + i], .t0 = i, .n = 1};
+        forward_chunk(lead, ids + done, T, LOGITS_ALL, logits + (int64_t)done * c->vocab);
+    }
+    return 0;
+}
+
+struct lilac_snapshot {
+    int64_t pos;
+    size_t bytes;
+    float *data; /* per GDN layer: conv window, then recurrent state */
+};
+
+static size_t gdn_floats(const lilac_config *c) {
+    return (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c)) + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+}
+
+static lilac_snapshot *cpu_snapshot(lilac_session *s, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
+    int n_lin = 0;
+    for (int l = 0; l < c->n_layers; l++) n_lin += !c->is_full[l];
+    lilac_snapshot *snap = calloc(1, sizeof *snap);
+    float *d = malloc(sizeof(float) * (per * (size_t)n_lin + 1));
+    if (!snap || !d) {
+        free(snap);
+        free(d);
+        lilac_fail(err, "snapshot: out of memory");
+        return NULL;
+    }
+    snap->pos = s->pos;
+    snap->data = d;
+    snap->bytes = sizeof(float) * per * (size_t)n_lin;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->is_full[l]) continue;
+        memcpy(d, s->conv_state[l], sizeof(float) * nconv);
+        memcpy(d + nconv, s->ssm[l], sizeof(float) * (per - nconv));
+        d += per;
+    }
+    return snap;
+}
+
+static int cpu_restore(lilac_session *s, const lilac_snapshot *snap, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    if (snap->pos > s->pos) return lilac_fail(err, "restore: snapshot at %lld is ahead of the session (%lld)",
+                                              (long long)snap->pos, (long long)s->pos);
+    const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
+    const float *d = snap->data;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->is_full[l]) continue;
+        memcpy(s->conv_state[l], d, sizeof(float) * nconv);
+        memcpy(s->ssm[l], d + nconv, sizeof(float) * (per - nconv));
+        d += per;
+    }
+    s->pos = snap->pos;
+    return 0;
+}
+
+static void cpu_snapshot_free(lilac_snapshot *snap) {
+    if (!snap) return;
+    free(snap->data);
+    free(snap);
+}
+static int64_t cpu_snapshot_pos(const lilac_snapshot *snap) { return snap->pos; }
+static size_t cpu_snapshot_bytes(const lilac_snapshot *snap) { return snap->bytes; }
 
 static int cpu_decode_greedy(lilac_session *s, int32_t first, int max_new, bool (*on_token)(void *, int32_t), void *ud,
                              lilac_err *err) {
@@ -389,4 +504,10 @@ const lilac_backend lilac_backend_cpu = {
     .session_pos = cpu_session_pos,
     .forward = cpu_forward,
     .decode_greedy = cpu_decode_greedy,
+    .snapshot = cpu_snapshot,
+    .restore = cpu_restore,
+    .snapshot_free = cpu_snapshot_free,
+    .snapshot_pos = cpu_snapshot_pos,
+    .snapshot_bytes = cpu_snapshot_bytes,
+    .forward_batch = cpu_forward_batch,
 };

@@ -806,8 +806,80 @@ static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool
     return produced;
 }
 
+// ---------------------------------------------------------------- snapshots, batched step
+
+struct lilac_snapshot {
+    int64_t pos;
+    size_t bytes;
+    std::vector<void *> bufs; // per GDN layer: both conv buffers, then the recurrent state (device)
+};
+
+static void cuda_snapshot_free(lilac_snapshot *snap) {
+    if (!snap) return;
+    for (void *p : snap->bufs) cudaFree(p);
+    delete snap;
+}
+
+static lilac_snapshot *cuda_snapshot(lilac_session *s, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const size_t conv = sizeof(float) * 2 * (size_t)(c->conv_kernel - 1) * (size_t)cfg_conv_dim(c);
+    const size_t ssm = sizeof(float) * (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    lilac_snapshot *snap = new lilac_snapshot();
+    snap->pos = s->pos;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->is_full[l]) continue;
+        void *p = nullptr;
+        if (cudaMalloc(&p, conv + ssm) != cudaSuccess ||
+            cudaMemcpyAsync(p, s->conv_state[(size_t)l], conv, cudaMemcpyDeviceToDevice, s->st) != cudaSuccess ||
+            cudaMemcpyAsync((char *)p + conv, s->ssm[(size_t)l], ssm, cudaMemcpyDeviceToDevice, s->st) != cudaSuccess) {
+            if (p) cudaFree(p);
+            cudaGetLastError();
+            cuda_snapshot_free(snap);
+            lilac_fail(err, "snapshot: out of GPU memory");
+            return nullptr;
+        }
+        snap->bufs.push_back(p);
+        snap->bytes += conv + ssm;
+    }
+    if (cudaStreamSynchronize(s->st) != cudaSuccess) {
+        cuda_snapshot_free(snap);
+        lilac_fail(err, "snapshot: CUDA error %s", cudaGetErrorString(cudaGetLastError()));
+        return nullptr;
+    }
+    return snap;
+}
+
+static int cuda_restore(lilac_session *s, const lilac_snapshot *snap, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    if (snap->pos > s->pos) return lilac_fail(err, "restore: snapshot at %lld is ahead of the session (%lld)",
+                                              (long long)snap->pos, (long long)s->pos);
+    const size_t conv = sizeof(float) * 2 * (size_t)(c->conv_kernel - 1) * (size_t)cfg_conv_dim(c);
+    const size_t ssm = sizeof(float) * (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    size_t i = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->is_full[l]) continue;
+        CK(cudaMemcpyAsync(s->conv_state[(size_t)l], snap->bufs[i], conv, cudaMemcpyDeviceToDevice, s->st));
+        CK(cudaMemcpyAsync(s->ssm[(size_t)l], (char *)snap->bufs[i] + conv, ssm, cudaMemcpyDeviceToDevice, s->st));
+        i++;
+    }
+    CK(cudaStreamSynchronize(s->st));
+    s->pos = snap->pos;
+    return 0;
+}
+
+static int64_t cuda_snapshot_pos(const lilac_snapshot *snap) { return snap->pos; }
+static size_t cuda_snapshot_bytes(const lilac_snapshot *snap) { return snap->bytes; }
+
+// Sessions step one after another (each with its own graph-free forward).
+static int cuda_forward_batch(lilac_session **ss, const int32_t *ids, int n, float *logits, lilac_err *err) {
+    for (int i = 0; i < n; i++)
+        if (cuda_forward(ss[i], ids + i, 1, LOGITS_LAST, logits + (int64_t)i * ss[i]->m->cfg.vocab, err) < 0) return -1;
+    return 0;
+}
+
 extern "C" const lilac_backend lilac_backend_cuda = {
     "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
+    cuda_snapshot, cuda_restore, cuda_snapshot_free, cuda_snapshot_pos, cuda_snapshot_bytes, cuda_forward_batch,
 };
 
 // ---------------------------------------------------------------- measurements for bench
