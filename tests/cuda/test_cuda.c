@@ -124,6 +124,33 @@ static void test_greedy(void) {
     free(l);
 }
 
+/* GPU snapshot: rewind and continue == a fresh GPU session fed the same tokens. */
+static void test_snapshot(void) {
+    lilac_err err = {{0}};
+    const int64_t V = M.cfg.vocab;
+    int32_t p[50], a[9], b[9];
+    make_ids(p, 50, 11);
+    make_ids(a, 9, 12);
+    make_ids(b, 9, 13);
+    lilac_session *f = GPU->session_new(&M, 256, 0, &err);
+    CHECKF(f != NULL, "%s", err.msg);
+    GPU->session_reset(sgpu);
+    CHECK(GPU->forward(sgpu, p, 50, LOGITS_NONE, NULL, &err) == 0);
+    lilac_snapshot *snap = GPU->snapshot(sgpu, &err);
+    CHECKF(snap != NULL, "%s", err.msg);
+    CHECK(GPU->forward(sgpu, a, 9, LOGITS_NONE, NULL, &err) == 0);
+    CHECK(GPU->restore(sgpu, snap, &err) == 0 && GPU->session_pos(sgpu) == 50);
+    float *x = malloc(sizeof(float) * 9 * (size_t)V), *y = malloc(sizeof(float) * 9 * (size_t)V);
+    CHECK(GPU->forward(sgpu, b, 9, LOGITS_ALL, x, &err) == 0);
+    CHECK(GPU->forward(f, p, 50, LOGITS_NONE, NULL, &err) == 0);
+    CHECK(GPU->forward(f, b, 9, LOGITS_ALL, y, &err) == 0);
+    CHECK(compare(y, x, 9, "snapshot restore vs fresh (GPU)") == 0);
+    GPU->snapshot_free(snap);
+    GPU->session_free(f);
+    free(x);
+    free(y);
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: test_cuda MODEL_DIR [--quick]\n"); return 2; }
     quick = argc > 2 && !strcmp(argv[2], "--quick");
@@ -139,6 +166,7 @@ int main(int argc, char **argv) {
     TEST(test_prefill_lengths);
     TEST(test_incremental);
     TEST(test_greedy);
+    TEST(test_snapshot);
     GPU->session_free(sgpu);
     CPU->session_free(scpu);
     lilac_model_free(&M);
