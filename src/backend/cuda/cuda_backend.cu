@@ -62,6 +62,7 @@ struct dlayer {
 
 struct dmodel {
     const lilac_model *m;
+    int refs;          // sessions using these device weights (one upload per model)
     std::vector<void *> allocs;
     std::vector<std::pair<const char *, const st_tensor *>> by_addr; // tensors sorted by data address
     std::vector<void *> dev_of;                                      // per st tensor index: device copy
@@ -148,6 +149,9 @@ static int up_vec(dmodel *D, const float *h, int64_t n, float **d, lilac_err *er
     CK(cudaMemcpy(*d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice));
     return 0;
 }
+
+// Device weights are shared by every session of the same loaded model.
+static std::vector<dmodel *> g_models;
 
 static void dmodel_free(dmodel *D) {
     if (!D) return;
@@ -300,7 +304,10 @@ static void cuda_session_free(lilac_session *s) {
     for (int i = 0; i < 2; i++)
         if (s->step_ev[i]) cudaEventDestroy(s->step_ev[i]);
     if (s->st) cudaStreamDestroy(s->st);
-    dmodel_free(s->D);
+    if (s->D && --s->D->refs <= 0) {
+        g_models.erase(std::remove(g_models.begin(), g_models.end(), s->D), g_models.end());
+        dmodel_free(s->D);
+    }
     delete s;
 }
 
@@ -320,13 +327,16 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     lilac_session *s = new lilac_session();
     s->m = m;
     s->max_seq = max_seq;
-    s->D = new dmodel(); // value-initialised: every pointer and handle starts null
-    {
-        cudaDeviceProp p;
-        s->n_sm = cudaGetDeviceProperties(&p, 0) == cudaSuccess ? p.multiProcessorCount : 132;
+    for (dmodel *D : g_models)
+        if (D->m == m) s->D = D;
+    if (s->D) {
+        s->D->refs++;
+    } else {
+        s->D = new dmodel(); // value-initialised: every pointer and handle starts null
+        s->D->refs = 1;
+        g_models.push_back(s->D);
+        if (dmodel_upload(s->D, m, err) < 0) { cuda_session_free(s); return nullptr; }
     }
-    prof.on = getenv("LILAC_PROFILE") != nullptr;
-    if (dmodel_upload(s->D, m, err) < 0) { cuda_session_free(s); return nullptr; }
     const int64_t H = c->hidden, C = CHUNK, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), K = c->top_k;
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
     bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess;
