@@ -18,6 +18,7 @@ int cmd_render(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_demo(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 
 /* Option parsing: at argv[*i], if the word is `name`, consume its value
  * (--name V or --name=V) into *out and return true. Dies on a missing value. */
