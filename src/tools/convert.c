@@ -218,7 +218,7 @@ static int add_matrix(plan *P, ctx *C, const char *out, const st_tensor *src, in
     char n[240];
     const bool stacked = src->ndim == 3;
     if (cols % C->group != 0) { /* mlx-lm leaves it unquantized */
-        if (stacked || row0 != 0 || src_rows_e != rows)
+        if (row0 != 0 || src_rows_e != rows) /* a slice of a fused tensor: not supported */
             return lilac_fail(C->err, "convert: %s: width %lld is not a multiple of the group size %d", src->name,
                               (long long)cols, C->group);
         job *j = add_job(P);
