@@ -26,6 +26,7 @@ static const char NO_MODEL[] =
 typedef struct {
     const char *model, *backend;
     long threads, max_seq, parallel, queue, prefill_chunk;
+    const char *cache_mb, *snapshot_every; /* NULL: defaults */
 } engine_opts;
 
 typedef struct {
@@ -43,7 +44,8 @@ static bool engine_opt(int argc, char **argv, int *i, engine_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
            opt_int(argc, argv, i, "--threads", &o->threads) || opt_int(argc, argv, i, "--max-seq", &o->max_seq) ||
            opt_int(argc, argv, i, "--parallel", &o->parallel) || opt_int(argc, argv, i, "--queue", &o->queue) ||
-           opt_int(argc, argv, i, "--prefill-chunk", &o->prefill_chunk);
+           opt_int(argc, argv, i, "--prefill-chunk", &o->prefill_chunk) ||
+           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every);
 }
 
 static void add_eos(loaded *L, int32_t id) {
@@ -60,6 +62,20 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     if (o->threads < 0) return lilac_fail(err, "%s: --threads must be positive", cmd);
     if (o->parallel < 0 || o->parallel > 64) return lilac_fail(err, "%s: --parallel must be in 1..64", cmd);
     if (o->max_seq < 0) return lilac_fail(err, "%s: --max-seq must be positive", cmd);
+    double cache_mb = 2048;
+    long every = 256;
+    if (o->cache_mb) {
+        char *end;
+        cache_mb = strtod(o->cache_mb, &end);
+        if (end == o->cache_mb || *end || !(cache_mb >= 0) || cache_mb > 1e9)
+            return lilac_fail(err, "%s: --cache-mb expects a size in MiB (0 disables snapshots)", cmd);
+    }
+    if (o->snapshot_every) {
+        char *end;
+        every = strtol(o->snapshot_every, &end, 10);
+        if (end == o->snapshot_every || *end || every < 0 || every > 1000000000L)
+            return lilac_fail(err, "%s: --snapshot-every expects a token count (0: only at prompt and turn ends)", cmd);
+    }
     const lilac_backend *be = lilac_backend_get(o->backend, err);
     if (!be) return -1;
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
@@ -90,6 +106,8 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .n_slots = o->parallel ? (int)o->parallel : 1,
                      .queue_max = o->queue > 0 ? (int)o->queue : 64,
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,
+                     .snapshot_every = (int)every,
+                     .cache_bytes = (int64_t)(cache_mb * 1048576.0),
                      .eos = L->eos,
                      .n_eos = L->n_eos};
     L->eng = eng_new(&ec, err);

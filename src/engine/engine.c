@@ -60,12 +60,22 @@ void eng_job_wait(eng_job *j, double timeout_s) {
 /* ---- engine --------------------------------------------------------------- */
 
 typedef struct {
+    lilac_snapshot *snap;
+    int64_t pos;
+    size_t bytes;
+    double used; /* taken or last restored */
+} snapent;
+
+typedef struct {
     lilac_session *s;
     int32_t *hist; /* ids the session consumed */
     int n_hist;
+    snapent *snaps; /* ascending pos, all <= n_hist and taken along hist */
+    int n_snaps, cap_snaps;
     eng_job *job;
     int pos;       /* prompt ids consumed so far (prefill) */
     int32_t next;  /* sampled id still to be fed */
+    int32_t tail;  /* idle: the last id handed out, to be consumed (then a turn-end snapshot), or -1 */
     lilac_sampler samp;
     lilac_detok *dt;
     double last_used;
@@ -79,7 +89,11 @@ struct lilac_engine {
     eng_job **q; /* ring buffer of queue_max */
     int q_head, q_n;
     slot *slots;
-    float *logits;
+    float *logits;  /* [n_slots, vocab] */
+    lilac_session **bss; /* batch scratch */
+    int32_t *bids;
+    int *bslot;
+    size_t snap_size; /* bytes of one snapshot (0 until the first) */
     bool stop, started;
     lilac_err init_err;
     int init_state; /* 0 pending, 1 ok, -1 failed */
@@ -93,6 +107,86 @@ static bool is_eos(const lilac_engine *e, int32_t t) {
         if (e->cfg.eos[i] == t) return true;
     return false;
 }
+
+/* ---- snapshots -------------------------------------------------------------- */
+
+static void snap_drop(lilac_engine *e, slot *sl, int k) {
+    snapent *x = &sl->snaps[k];
+    e->cfg.be->snapshot_free(x->snap);
+    pthread_mutex_lock(&e->mu);
+    e->st.cache_bytes -= (int64_t)x->bytes;
+    e->st.cache_entries--;
+    pthread_mutex_unlock(&e->mu);
+    memmove(x, x + 1, sizeof(snapent) * (size_t)(sl->n_snaps - k - 1));
+    sl->n_snaps--;
+}
+
+/* Free the slot's snapshots above `pos` (all of them for pos < 0). */
+static void snaps_truncate(lilac_engine *e, slot *sl, int64_t pos) {
+    while (sl->n_snaps && sl->snaps[sl->n_snaps - 1].pos > pos) snap_drop(e, sl, sl->n_snaps - 1);
+}
+
+/* Evict the least recently used snapshot of any slot; false if there is none. */
+static bool evict_lru(lilac_engine *e) {
+    slot *bs = NULL;
+    int bk = -1;
+    for (int i = 0; i < e->cfg.n_slots; i++) {
+        slot *sl = &e->slots[i];
+        for (int k = 0; k < sl->n_snaps; k++)
+            if (!bs || sl->snaps[k].used < bs->snaps[bk].used) bs = sl, bk = k;
+    }
+    if (!bs) return false;
+    snap_drop(e, bs, bk);
+    pthread_mutex_lock(&e->mu);
+    e->st.cache_evictions++;
+    pthread_mutex_unlock(&e->mu);
+    return true;
+}
+
+/* Snapshot the slot's session at its current position (n_hist), within the
+ * memory bound: older snapshots are evicted first so the total never exceeds it. */
+static void take_snapshot(lilac_engine *e, slot *sl) {
+    const int64_t cap = e->cfg.cache_bytes;
+    if (cap <= 0 || sl->n_hist == 0) return;
+    if (sl->n_snaps && sl->snaps[sl->n_snaps - 1].pos == sl->n_hist) {
+        sl->snaps[sl->n_snaps - 1].used = lilac_now();
+        return;
+    }
+    if (e->snap_size) {
+        if ((int64_t)e->snap_size > cap) return;
+        while (e->st.cache_bytes + (int64_t)e->snap_size > cap && evict_lru(e)) {
+        }
+    }
+    lilac_err err = {{0}};
+    lilac_snapshot *snap = e->cfg.be->snapshot(sl->s, &err);
+    if (!snap) return; /* out of memory: go on without */
+    size_t bytes = e->cfg.be->snapshot_bytes(snap);
+    e->snap_size = bytes;
+    while (e->st.cache_bytes + (int64_t)bytes > cap && evict_lru(e)) {
+    }
+    if (e->st.cache_bytes + (int64_t)bytes > cap) { /* the first one, larger than the bound */
+        e->cfg.be->snapshot_free(snap);
+        return;
+    }
+    if (sl->n_snaps == sl->cap_snaps)
+        sl->snaps = xrealloc(sl->snaps, sizeof(snapent) * (size_t)(sl->cap_snaps = sl->cap_snaps ? 2 * sl->cap_snaps : 8));
+    sl->snaps[sl->n_snaps++] = (snapent){.snap = snap, .pos = e->cfg.be->snapshot_pos(snap), .bytes = bytes, .used = lilac_now()};
+    pthread_mutex_lock(&e->mu);
+    e->st.cache_bytes += (int64_t)bytes;
+    if (e->st.cache_bytes > e->st.cache_peak_bytes) e->st.cache_peak_bytes = e->st.cache_bytes;
+    e->st.cache_entries++;
+    e->st.cache_snapshots_taken++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void slot_reset(lilac_engine *e, slot *sl) {
+    e->cfg.be->session_reset(sl->s);
+    snaps_truncate(e, sl, -1);
+    sl->n_hist = 0;
+    sl->tail = -1;
+}
+
+/* ---- jobs in slots ------------------------------------------------------------- */
 
 static void finish(lilac_engine *e, slot *sl, const char *reason, const char *errmsg) {
     eng_job *j = sl->job;
@@ -118,26 +212,58 @@ static void finish(lilac_engine *e, slot *sl, const char *reason, const char *er
     lilac_detok_free(sl->dt);
     sl->dt = NULL;
     sl->job = NULL;
+    sl->next = -1;
     sl->last_used = now;
     eng_job_unref(j);
 }
 
-static void hist_push(lilac_engine *e, slot *sl, const int32_t *ids, int n) {
-    (void)e;
+/* A turn ended normally after handing out `tok`: the session still has to
+ * consume it (next round, in the batch) before the turn-end snapshot. */
+static void finish_turn(lilac_engine *e, slot *sl, int32_t tok, const char *reason) {
+    finish(e, sl, reason, NULL);
+    if (tok >= 0 && e->cfg.cache_bytes > 0 && sl->n_hist + 1 <= e->cfg.max_seq) sl->tail = tok;
+}
+
+static void hist_push(slot *sl, const int32_t *ids, int n) {
     memcpy(sl->hist + sl->n_hist, ids, sizeof(int32_t) * (size_t)n);
     sl->n_hist += n;
 }
 
+/* How many prompt tokens slot `sl` can skip for job j; *snap_k: the snapshot
+ * to restore (-1: keep the live state, or start from 0 when 0 is returned). */
+static int reusable(const lilac_engine *e, const slot *sl, const eng_job *j, int *snap_k) {
+    (void)e;
+    *snap_k = -1;
+    if (!j->cache_prompt || sl->n_hist == 0) return 0;
+    int n = sl->n_hist < j->n_prompt ? sl->n_hist : j->n_prompt, L = 0;
+    while (L < n && sl->hist[L] == j->prompt[L]) L++;
+    if (L > j->n_prompt - 1) L = j->n_prompt - 1; /* the last prompt token is fed for its logits */
+    if (L == sl->n_hist) return L;                /* the prompt extends the history: live state */
+    for (int k = sl->n_snaps - 1; k >= 0; k--)
+        if (sl->snaps[k].pos <= L) {
+            *snap_k = k;
+            return (int)sl->snaps[k].pos;
+        }
+    return 0;
+}
+
 static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
-    int keep = 0;
-    if (j->cache_prompt && sl->n_hist < j->n_prompt &&
-        !memcmp(sl->hist, j->prompt, sizeof(int32_t) * (size_t)sl->n_hist))
-        keep = sl->n_hist;
-    if (keep != sl->n_hist || sl->n_hist == 0) {
-        e->cfg.be->session_reset(sl->s);
-        sl->n_hist = 0;
-        keep = 0;
+    int k;
+    int keep = reusable(e, sl, j, &k);
+    sl->tail = -1; /* if the prompt goes on past the history, prefill feeds it */
+    if (keep > 0 && k >= 0) {
+        lilac_err err = {{0}};
+        snapent *x = &sl->snaps[k];
+        if (e->cfg.be->restore(sl->s, x->snap, &err) == 0) {
+            x->used = lilac_now();
+            sl->n_hist = keep;
+            snaps_truncate(e, sl, keep);
+            pthread_mutex_lock(&e->mu);
+            e->st.cache_restores++;
+            pthread_mutex_unlock(&e->mu);
+        } else keep = 0;
     }
+    if (keep == 0) slot_reset(e, sl);
     sl->job = j;
     sl->pos = keep;
     sl->next = -1;
@@ -151,18 +277,15 @@ static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
     pthread_mutex_unlock(&j->mu);
 }
 
-/* The slot to take job j: the idle one whose history is the longest prefix of
- * the prompt, else the least recently used idle one. -1 if none is idle. */
+/* The slot to take job j: the idle one with the longest reusable prefix, else
+ * (ties too) the least recently used idle one. -1 if none is idle. */
 static int pick_slot(lilac_engine *e, const eng_job *j) {
-    int best = -1, best_len = -2;
+    int best = -1, best_len = -1;
     for (int i = 0; i < e->cfg.n_slots; i++) {
         slot *sl = &e->slots[i];
         if (sl->job) continue;
-        int len = -1;
-        if (j->cache_prompt && sl->n_hist > 0 && sl->n_hist < j->n_prompt &&
-            !memcmp(sl->hist, j->prompt, sizeof(int32_t) * (size_t)sl->n_hist))
-            len = sl->n_hist;
-        if (len > best_len || (len == best_len && best >= 0 && sl->last_used < e->slots[best].last_used)) {
+        int k, len = reusable(e, sl, j, &k);
+        if (len > best_len || (len == best_len && sl->last_used < e->slots[best].last_used)) {
             best = i;
             best_len = len;
         }
@@ -170,13 +293,13 @@ static int pick_slot(lilac_engine *e, const eng_job *j) {
     return best;
 }
 
-/* A token was chosen from e->logits: record it and decide whether to go on. */
-static void emit(lilac_engine *e, slot *sl, int32_t tok) {
+/* A token was chosen from `logits`: record it and decide whether to go on. */
+static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
     eng_job *j = sl->job;
     eng_tok ti = {.id = tok, .lp = 0, .n_top = 0};
     if (j->logprobs) {
         ti.n_top = j->top_logprobs > ENG_MAX_TOP ? ENG_MAX_TOP : j->top_logprobs;
-        lilac_logprobs(e->logits, e->cfg.model->cfg.vocab, tok, ti.n_top, &ti.lp, ti.top_id, ti.top_lp);
+        lilac_logprobs(logits, e->cfg.model->cfg.vocab, tok, ti.n_top, &ti.lp, ti.top_id, ti.top_lp);
     }
     lilac_sampler_accept(&sl->samp, tok);
     double now = lilac_now();
@@ -188,7 +311,7 @@ static void emit(lilac_engine *e, slot *sl, int32_t tok) {
         j->n_gen++;
         if (!j->t_first) j->t_first = now;
         pthread_mutex_unlock(&j->mu);
-        finish(e, sl, "stop", NULL);
+        finish_turn(e, sl, tok, "stop");
         return;
     }
     const char *out = NULL;
@@ -204,77 +327,128 @@ static void emit(lilac_engine *e, slot *sl, int32_t tok) {
     job_signal(j);
     int n_gen = j->n_gen;
     pthread_mutex_unlock(&j->mu);
-    if (stop) finish(e, sl, "stop", NULL);
-    else if (j->forced && n_gen >= j->n_forced) finish(e, sl, "stop", NULL);
-    else if (n_gen >= j->max_tokens || sl->n_hist + 1 >= e->cfg.max_seq) finish(e, sl, "length", NULL);
+    if (stop) finish_turn(e, sl, tok, "stop");
+    else if (j->forced && n_gen >= j->n_forced) finish_turn(e, sl, tok, "stop");
+    else if (n_gen >= j->max_tokens || sl->n_hist + 1 >= e->cfg.max_seq) finish_turn(e, sl, tok, "length");
     else sl->next = tok;
 }
 
 static void fail_slot(lilac_engine *e, slot *sl, const char *msg) {
-    e->cfg.be->session_reset(sl->s);
-    sl->n_hist = 0;
-    finish(e, sl, "error", msg);
+    slot_reset(e, sl);
+    if (sl->job) finish(e, sl, "error", msg);
 }
 
-/* One step of a slot: a prefill chunk or one decoded token. */
-static void step(lilac_engine *e, slot *sl) {
+/* One prefill chunk of a slot; the last one samples the first token. Chunks
+ * end on snapshot boundaries (multiples of snapshot_every). */
+static void prefill_step(lilac_engine *e, slot *sl) {
     eng_job *j = sl->job;
-    if (atomic_load(&j->cancel)) {
-        finish(e, sl, "cancelled", NULL);
-        return;
-    }
     lilac_err err = {{0}};
     const lilac_backend *be = e->cfg.be;
-    if (sl->next < 0) { /* prefill */
-        int n = j->n_prompt - sl->pos;
-        if (n > e->cfg.prefill_chunk) n = e->cfg.prefill_chunk;
-        bool last = sl->pos + n == j->n_prompt;
-        double t0 = lilac_now();
-        if (be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err) < 0) {
-            fail_slot(e, sl, err.msg);
-            return;
-        }
-        double dt = lilac_now() - t0;
-        hist_push(e, sl, j->prompt + sl->pos, n);
-        sl->pos += n;
-        pthread_mutex_lock(&e->mu);
-        e->st.prompt_tokens += (uint64_t)n;
-        e->st.prompt_seconds += dt;
-        pthread_mutex_unlock(&e->mu);
-        if (!last) return;
-        int32_t tok;
-        if (j->forced) tok = j->n_forced > 0 ? j->forced[0] : -1;
-        else tok = lilac_sample(&sl->samp, &j->samp, e->logits);
-        if (tok < 0) {
-            finish(e, sl, "stop", NULL);
-            return;
-        }
-        pthread_mutex_lock(&e->mu);
-        double ttft = lilac_now() - j->t_submit;
-        for (int b = 0; b < ENG_TTFT_BUCKETS; b++)
-            if (ttft <= eng_ttft_bounds[b]) e->st.ttft_count[b]++;
-        e->st.ttft_sum += ttft;
-        e->st.cached_tokens += (uint64_t)j->n_cached;
-        pthread_mutex_unlock(&e->mu);
-        emit(e, sl, tok);
-        return;
+    int n = j->n_prompt - sl->pos;
+    if (n > e->cfg.prefill_chunk) n = e->cfg.prefill_chunk;
+    const int every = e->cfg.snapshot_every;
+    bool boundary = false;
+    if (every > 0) {
+        int nb = (sl->pos / every + 1) * every;
+        if (sl->pos + n >= nb) n = nb - sl->pos, boundary = true;
     }
+    bool last = sl->pos + n == j->n_prompt;
     double t0 = lilac_now();
-    int32_t in = sl->next;
-    if (be->forward(sl->s, &in, 1, LOGITS_LAST, e->logits, &err) < 0) {
+    if (be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err) < 0) {
         fail_slot(e, sl, err.msg);
         return;
     }
-    hist_push(e, sl, &in, 1);
+    double dt = lilac_now() - t0;
+    hist_push(sl, j->prompt + sl->pos, n);
+    sl->pos += n;
+    pthread_mutex_lock(&e->mu);
+    e->st.prompt_tokens += (uint64_t)n;
+    e->st.prompt_seconds += dt;
+    pthread_mutex_unlock(&e->mu);
+    if (boundary || last) take_snapshot(e, sl);
+    if (!last) return;
+    int32_t tok;
+    if (j->forced) tok = j->n_forced > 0 ? j->forced[0] : -1;
+    else tok = lilac_sample(&sl->samp, &j->samp, e->logits);
+    if (tok < 0) {
+        finish(e, sl, "stop", NULL);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    double ttft = lilac_now() - j->t_submit;
+    for (int b = 0; b < ENG_TTFT_BUCKETS; b++)
+        if (ttft <= eng_ttft_bounds[b]) e->st.ttft_count[b]++;
+    e->st.ttft_sum += ttft;
+    e->st.cached_tokens += (uint64_t)j->n_cached;
+    pthread_mutex_unlock(&e->mu);
+    emit(e, sl, tok, e->logits);
+}
+
+/* One batched decode step: every decoding slot feeds its next token, every idle
+ * slot with a pending tail feeds that (then takes its turn-end snapshot). */
+static void decode_step(lilac_engine *e) {
+    const int64_t V = e->cfg.model->cfg.vocab;
+    int n = 0;
+    for (int i = 0; i < e->cfg.n_slots; i++) {
+        slot *sl = &e->slots[i];
+        int32_t id = sl->job ? sl->next : sl->tail;
+        if (id < 0) continue;
+        e->bss[n] = sl->s;
+        e->bids[n] = id;
+        e->bslot[n++] = i;
+    }
+    if (!n) return;
+    lilac_err err = {{0}};
+    double t0 = lilac_now();
+    if (e->cfg.be->forward_batch(e->bss, e->bids, n, e->logits, &err) < 0) {
+        for (int r = 0; r < n; r++) fail_slot(e, &e->slots[e->bslot[r]], err.msg);
+        return;
+    }
+    int rows = 0;
+    for (int r = 0; r < n; r++) {
+        slot *sl = &e->slots[e->bslot[r]];
+        hist_push(sl, &e->bids[r], 1);
+        rows += sl->job != NULL;
+    }
     pthread_mutex_lock(&e->mu);
     e->st.decode_seconds += lilac_now() - t0;
-    e->st.decode_steps++;
+    e->st.decode_steps += (uint64_t)rows;
+    e->st.batch_steps++;
     pthread_mutex_unlock(&e->mu);
-    int32_t tok;
-    int n_gen = j->n_gen; /* only the worker writes it */
-    if (j->forced) tok = j->forced[n_gen];
-    else tok = lilac_sample(&sl->samp, &j->samp, e->logits);
-    emit(e, sl, tok);
+    for (int r = 0; r < n; r++) {
+        slot *sl = &e->slots[e->bslot[r]];
+        const float *lg = e->logits + (int64_t)r * V;
+        eng_job *j = sl->job;
+        if (!j) { /* a consumed tail: the turn is complete */
+            sl->tail = -1;
+            take_snapshot(e, sl);
+            continue;
+        }
+        int32_t tok;
+        if (j->forced) tok = j->forced[j->n_gen]; /* only the worker writes n_gen */
+        else tok = lilac_sample(&sl->samp, &j->samp, lg);
+        emit(e, sl, tok, lg);
+    }
+}
+
+/* One round: cancellations, a prefill chunk per prefilling slot, one batched
+ * decode step for all decoding slots. */
+static void round_step(lilac_engine *e) {
+    for (int i = 0; i < e->cfg.n_slots; i++) {
+        slot *sl = &e->slots[i];
+        if (sl->job && atomic_load(&sl->job->cancel)) finish(e, sl, "cancelled", NULL);
+    }
+    for (int i = 0; i < e->cfg.n_slots; i++) {
+        slot *sl = &e->slots[i];
+        if (sl->job && sl->next < 0) prefill_step(e, sl);
+    }
+    decode_step(e);
+}
+
+static bool busy(const lilac_engine *e) {
+    for (int i = 0; i < e->cfg.n_slots; i++)
+        if (e->slots[i].job || e->slots[i].tail >= 0) return true;
+    return false;
 }
 
 static void *worker(void *arg) {
@@ -282,6 +456,7 @@ static void *worker(void *arg) {
     const eng_config *c = &e->cfg;
     for (int i = 0; i < c->n_slots; i++) {
         slot *sl = &e->slots[i];
+        sl->tail = sl->next = -1;
         sl->s = c->be->session_new(c->model, c->max_seq, c->threads, &e->init_err);
         if (!sl->s) {
             pthread_mutex_lock(&e->mu);
@@ -297,10 +472,8 @@ static void *worker(void *arg) {
     e->init_state = 1;
     pthread_cond_broadcast(&e->cv);
     for (;;) {
-        bool active = false;
-        for (int i = 0; i < c->n_slots; i++) active |= e->slots[i].job != NULL;
         if (e->stop) break;
-        if (!active && !e->q_n) {
+        if (!busy(e) && !e->q_n) {
             pthread_cond_wait(&e->cv, &e->mu);
             continue;
         }
@@ -317,8 +490,7 @@ static void *worker(void *arg) {
             pthread_mutex_lock(&e->mu);
         }
         pthread_mutex_unlock(&e->mu);
-        for (int i = 0; i < c->n_slots; i++)
-            if (e->slots[i].job) step(e, &e->slots[i]);
+        round_step(e);
         pthread_mutex_lock(&e->mu);
     }
     /* shutting down: cancel what is left */
@@ -344,7 +516,7 @@ static void *worker(void *arg) {
 }
 
 lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
-    if (cfg->n_slots < 1 || cfg->queue_max < 1 || cfg->max_seq < 2 || cfg->prefill_chunk < 1) {
+    if (cfg->n_slots < 1 || cfg->queue_max < 1 || cfg->max_seq < 2 || cfg->prefill_chunk < 1 || cfg->snapshot_every < 0) {
         lilac_fail(err, "engine: bad configuration (slots %d, queue %d, max_seq %lld)", cfg->n_slots, cfg->queue_max,
                    (long long)cfg->max_seq);
         return NULL;
@@ -355,13 +527,20 @@ lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
     pthread_cond_init(&e->cv, NULL);
     e->q = xcalloc((size_t)cfg->queue_max, sizeof(eng_job *));
     e->slots = xcalloc((size_t)cfg->n_slots, sizeof(slot));
-    e->logits = xcalloc((size_t)cfg->model->cfg.vocab, sizeof(float));
+    e->logits = xcalloc((size_t)cfg->n_slots * (size_t)cfg->model->cfg.vocab, sizeof(float));
+    e->bss = xcalloc((size_t)cfg->n_slots, sizeof(lilac_session *));
+    e->bids = xcalloc((size_t)cfg->n_slots, sizeof(int32_t));
+    e->bslot = xcalloc((size_t)cfg->n_slots, sizeof(int));
     e->st.n_slots = cfg->n_slots;
+    e->st.cache_limit_bytes = cfg->cache_bytes > 0 ? cfg->cache_bytes : 0;
     if (pthread_create(&e->th, NULL, worker, e)) {
         lilac_fail(err, "engine: cannot start the worker thread");
         free(e->q);
         free(e->slots);
         free(e->logits);
+        free(e->bss);
+        free(e->bids);
+        free(e->bslot);
         free(e);
         return NULL;
     }
@@ -397,6 +576,8 @@ void eng_free(lilac_engine *e) {
     eng_shutdown(e);
     for (int i = 0; i < e->cfg.n_slots; i++) {
         slot *sl = &e->slots[i];
+        for (int k = 0; k < sl->n_snaps; k++) e->cfg.be->snapshot_free(sl->snaps[k].snap);
+        free(sl->snaps);
         if (sl->s) e->cfg.be->session_free(sl->s);
         free(sl->hist);
         if (sl->samp.vocab) lilac_sampler_free(&sl->samp);
@@ -405,6 +586,9 @@ void eng_free(lilac_engine *e) {
     free(e->slots);
     free(e->q);
     free(e->logits);
+    free(e->bss);
+    free(e->bids);
+    free(e->bslot);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

@@ -9,11 +9,26 @@
  * only appends to the job (text, per-token info) under the job's mutex and
  * broadcasts its condition variable.
  *
- * Prefix reuse: a slot keeps the ids its session has consumed. A new job goes
- * to the idle slot whose history is the longest prefix of its prompt and only
- * the rest is prefilled (prompt_tokens_details.cached_tokens). The recurrent
- * (GDN) state cannot be rewound, so a history that diverges from the prompt is
- * dropped and the slot starts from position 0. */
+ * Batching: each round every slot that is decoding contributes its next token
+ * to ONE backend forward_batch call (the CPU backend reads each weight once for
+ * all rows); slots still in prefill advance by one prefill chunk each, as
+ * before. Sampling stays per slot (its own penalties and seeded generator).
+ *
+ * Prefix reuse: a slot keeps the ids its session has consumed (its
+ * conversation state) and snapshots of the recurrent state (GDN state + conv
+ * window + position, backend snapshot()) taken every `snapshot_every` prompt
+ * tokens (prefill chunks are cut so that boundaries fall on them), at the end
+ * of the prompt, and at the end of each turn (after the last token handed out
+ * has been consumed). A new job takes the idle slot with the longest reusable
+ * prefix: the common prefix of the prompt and the slot's history, kept whole
+ * when the prompt extends the history, else rounded down to the nearest
+ * snapshot at or below it (restore() rewinds the session; KV entries above are
+ * truncated implicitly). Only the rest is prefilled; `n_cached` says how many
+ * prompt tokens were actually skipped. A snapshot only fits the session it was
+ * taken from and only while the history below it is unchanged, so rewinding
+ * frees the slot's snapshots above the resume point. All snapshots together
+ * stay within `cache_bytes`; beyond it the least recently used (taken or
+ * restored) are evicted. */
 #ifndef LILAC_ENGINE_H
 #define LILAC_ENGINE_H
 
@@ -86,6 +101,8 @@ typedef struct {
     int n_slots;         /* --parallel */
     int queue_max;       /* waiting jobs beyond which eng_submit refuses */
     int prefill_chunk;   /* tokens per prefill step (cancellation granularity) */
+    int snapshot_every;  /* snapshot boundary in prompt tokens (0: only prompt end and turn end) */
+    int64_t cache_bytes; /* bound on all snapshots together (0: no snapshots) */
     const int32_t *eos;  /* end-of-sequence ids */
     int n_eos;
 } eng_config;
@@ -108,7 +125,12 @@ extern const double eng_ttft_bounds[ENG_TTFT_BUCKETS]; /* the last is +Inf */
 
 typedef struct {
     uint64_t requests_done, requests_cancelled, requests_error;
-    uint64_t prompt_tokens, cached_tokens, gen_tokens, decode_steps;
+    uint64_t prompt_tokens, cached_tokens, gen_tokens;
+    uint64_t decode_steps;   /* tokens decoded (rows of batched steps) */
+    uint64_t batch_steps;    /* forward_batch calls */
+    uint64_t cache_snapshots_taken, cache_evictions, cache_restores;
+    int64_t cache_bytes, cache_peak_bytes, cache_limit_bytes; /* snapshot memory now / highest / bound */
+    int cache_entries;       /* snapshots held */
     double prompt_seconds, decode_seconds;
     int queued, running, n_slots;
     uint64_t ttft_count[ENG_TTFT_BUCKETS];

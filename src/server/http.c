@@ -787,6 +787,19 @@ static enum MHD_Result handle_metrics(srv *S, struct MHD_Connection *c) {
     M("lilac:requests_failed_total", "counter", "Generation requests failed.", "%llu", (unsigned long long)st.requests_error);
     M("lilac:prompt_cached_tokens_total", "counter", "Prompt tokens reused from a cached prefix.", "%llu",
       (unsigned long long)st.cached_tokens);
+    M("lilac:batch_steps_total", "counter", "Batched decode steps (one forward for all decoding slots).", "%llu",
+      (unsigned long long)st.batch_steps);
+    M("lilac:prefix_cache_bytes", "gauge", "Memory held by prefix-cache snapshots (GDN + conv state).", "%lld",
+      (long long)st.cache_bytes);
+    M("lilac:prefix_cache_peak_bytes", "gauge", "Highest prefix-cache memory so far.", "%lld", (long long)st.cache_peak_bytes);
+    M("lilac:prefix_cache_limit_bytes", "gauge", "Prefix-cache memory bound (--cache-mb).", "%lld",
+      (long long)st.cache_limit_bytes);
+    M("lilac:prefix_cache_snapshots", "gauge", "Snapshots held.", "%d", st.cache_entries);
+    M("lilac:prefix_cache_snapshots_taken_total", "counter", "Snapshots taken.", "%llu",
+      (unsigned long long)st.cache_snapshots_taken);
+    M("lilac:prefix_cache_evictions_total", "counter", "Snapshots evicted (least recently used).", "%llu",
+      (unsigned long long)st.cache_evictions);
+    M("lilac:prefix_cache_restores_total", "counter", "Snapshots restored.", "%llu", (unsigned long long)st.cache_restores);
 #undef M
     sb_puts(&b, "# HELP lilac:time_to_first_token_seconds Time from queueing to the first generated token.\n"
                 "# TYPE lilac:time_to_first_token_seconds histogram\n");
