@@ -11,22 +11,8 @@
 /* Read all of a file (or stdin when path is NULL). */
 static char *slurp(const char *path, size_t *len) {
     lilac_err err = {{0}};
-    if (path) {
-        char *b = lilac_read_file(path, len, &err);
-        if (!b) lilac_die("%s", err.msg);
-        return b;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *b = xmalloc(cap);
-    for (;;) {
-        if (n + 1 >= cap) b = xrealloc(b, cap *= 2);
-        size_t r = fread(b + n, 1, cap - n - 1, stdin);
-        if (r == 0) break;
-        n += r;
-    }
-    if (ferror(stdin)) lilac_die("reading stdin failed");
-    b[n] = 0;
-    *len = n;
+    char *b = path ? lilac_read_file(path, len, &err) : lilac_read_stream(stdin, "stdin", len, &err);
+    if (!b) lilac_die("%s", err.msg);
     return b;
 }
 

@@ -89,12 +89,7 @@ int lilac_parse_ids(const char *s, int32_t **out, lilac_err *err) {
     return n;
 }
 
-char *lilac_read_file(const char *path, size_t *len, lilac_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        lilac_fail(err, "%s: %s", path, strerror(errno));
-        return NULL;
-    }
+char *lilac_read_stream(FILE *f, const char *name, size_t *len, lilac_err *err) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
     for (;;) {
@@ -103,14 +98,23 @@ char *lilac_read_file(const char *path, size_t *len, lilac_err *err) {
         n += r;
         if (r == 0) break;
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    if (ferror(f)) {
         free(buf);
-        lilac_fail(err, "%s: read error", path);
+        lilac_fail(err, "%s: read error", name);
         return NULL;
     }
     buf[n] = 0;
     if (len) *len = n;
+    return buf;
+}
+
+char *lilac_read_file(const char *path, size_t *len, lilac_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        lilac_fail(err, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = lilac_read_stream(f, path, len, err);
+    fclose(f);
     return buf;
 }

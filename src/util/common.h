@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 /* Error reporting without exceptions: a function that can fail takes a
@@ -55,7 +56,9 @@ double lilac_now(void);
 /* Parse "1,2,3" into a freshly allocated int32 array. Returns count, -1 on error. */
 int lilac_parse_ids(const char *s, int32_t **out, lilac_err *err);
 
-/* Read a whole file into a NUL-terminated buffer. NULL + err on failure. */
+/* Read a whole file (or an open stream, e.g. stdin) into a NUL-terminated
+ * buffer. NULL + err on failure. */
 char *lilac_read_file(const char *path, size_t *len, lilac_err *err);
+char *lilac_read_stream(FILE *f, const char *name, size_t *len, lilac_err *err);
 
 #endif

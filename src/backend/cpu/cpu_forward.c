@@ -442,6 +442,22 @@ static size_t gdn_floats(const lilac_config *c) {
     return (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c)) + (size_t)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
 }
 
+/* Copy every GDN layer's conv window and recurrent state to (save) or from d. */
+static void copy_state(lilac_session *s, float *d, bool save) {
+    const lilac_config *c = &s->m->cfg;
+    const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->is_full[l]) continue;
+        float *parts[2] = {s->conv_state[l], s->ssm[l]};
+        const size_t sizes[2] = {nconv, per - nconv};
+        for (int k = 0; k < 2; k++) {
+            if (save) memcpy(d, parts[k], sizeof(float) * sizes[k]);
+            else memcpy(parts[k], d, sizeof(float) * sizes[k]);
+            d += sizes[k];
+        }
+    }
+}
+
 static lilac_snapshot *cpu_snapshot(lilac_session *s, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
@@ -458,12 +474,7 @@ static lilac_snapshot *cpu_snapshot(lilac_session *s, lilac_err *err) {
     snap->pos = s->pos;
     snap->data = d;
     snap->bytes = sizeof(float) * per * (size_t)n_lin;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->is_full[l]) continue;
-        memcpy(d, s->conv_state[l], sizeof(float) * nconv);
-        memcpy(d + nconv, s->ssm[l], sizeof(float) * (per - nconv));
-        d += per;
-    }
+    copy_state(s, d, true);
     return snap;
 }
 
@@ -471,14 +482,7 @@ static int cpu_restore(lilac_session *s, const lilac_snapshot *snap, lilac_err *
     const lilac_config *c = &s->m->cfg;
     if (snap->pos > s->pos) return lilac_fail(err, "restore: snapshot at %lld is ahead of the session (%lld)",
                                               (long long)snap->pos, (long long)s->pos);
-    const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
-    const float *d = snap->data;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (c->is_full[l]) continue;
-        memcpy(s->conv_state[l], d, sizeof(float) * nconv);
-        memcpy(s->ssm[l], d + nconv, sizeof(float) * (per - nconv));
-        d += per;
-    }
+    copy_state(s, snap->data, false);
     s->pos = snap->pos;
     return 0;
 }
