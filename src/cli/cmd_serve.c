@@ -108,6 +108,7 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,
                      .snapshot_every = (int)every,
                      .cache_bytes = (int64_t)(cache_mb * 1048576.0),
+                     .turn_start = lilac_tok_added_id(L->tok, "<|im_start|>"),
                      .eos = L->eos,
                      .n_eos = L->n_eos};
     L->eng = eng_new(&ec, err);

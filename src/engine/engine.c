@@ -74,6 +74,8 @@ typedef struct {
     int n_snaps, cap_snaps;
     eng_job *job;
     int pos;       /* prompt ids consumed so far (prefill) */
+    int mark[2];   /* prompt positions to snapshot at: before the last turn start; the end of the
+                    * previous turn when its last token was still pending (0: none) */
     int32_t next;  /* sampled id still to be fed */
     int32_t tail;  /* idle: the last id handed out, to be consumed (then a turn-end snapshot), or -1 */
     lilac_sampler samp;
@@ -250,7 +252,12 @@ static int reusable(const lilac_engine *e, const slot *sl, const eng_job *j, int
 static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
     int k;
     int keep = reusable(e, sl, j, &k);
-    sl->tail = -1; /* if the prompt goes on past the history, prefill feeds it */
+    /* A pending tail: if the prompt goes on through it, prefill feeds it, and
+     * the turn-end snapshot is taken there. */
+    sl->mark[1] = k < 0 && keep == sl->n_hist && sl->tail >= 0 && keep < j->n_prompt - 1 && j->prompt[keep] == sl->tail
+                      ? keep + 1
+                      : 0;
+    sl->tail = -1;
     if (keep > 0 && k >= 0) {
         lilac_err err = {{0}};
         snapent *x = &sl->snaps[k];
@@ -267,6 +274,13 @@ static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
     sl->job = j;
     sl->pos = keep;
     sl->next = -1;
+    sl->mark[0] = 0;
+    if (e->cfg.turn_start >= 0 && e->cfg.cache_bytes > 0)
+        for (int i = j->n_prompt - 1; i > keep; i--)
+            if (j->prompt[i] == e->cfg.turn_start) {
+                sl->mark[0] = i;
+                break;
+            }
     lilac_sampler_begin(&sl->samp, &j->samp, j->prompt, j->n_prompt);
     sl->dt = lilac_detok_new(e->cfg.tok, (const char *const *)j->stops, (size_t)j->n_stops, true);
     pthread_mutex_lock(&j->mu);
@@ -352,6 +366,8 @@ static void prefill_step(lilac_engine *e, slot *sl) {
         int nb = (sl->pos / every + 1) * every;
         if (sl->pos + n >= nb) n = nb - sl->pos, boundary = true;
     }
+    for (int m = 0; m < 2; m++)
+        if (sl->mark[m] > sl->pos && sl->pos + n >= sl->mark[m]) n = sl->mark[m] - sl->pos, boundary = true;
     bool last = sl->pos + n == j->n_prompt;
     double t0 = lilac_now();
     if (be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err) < 0) {

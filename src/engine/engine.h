@@ -17,8 +17,9 @@
  * Prefix reuse: a slot keeps the ids its session has consumed (its
  * conversation state) and snapshots of the recurrent state (GDN state + conv
  * window + position, backend snapshot()) taken every `snapshot_every` prompt
- * tokens (prefill chunks are cut so that boundaries fall on them), at the end
- * of the prompt, and at the end of each turn (after the last token handed out
+ * tokens (prefill chunks are cut so that boundaries fall on them), before the
+ * prompt's last `turn_start` token, at the end of the prompt, and at the end of
+ * each turn (after the last token handed out
  * has been consumed). A new job takes the idle slot with the longest reusable
  * prefix: the common prefix of the prompt and the slot's history, kept whole
  * when the prompt extends the history, else rounded down to the nearest
@@ -103,6 +104,9 @@ typedef struct {
     int prefill_chunk;   /* tokens per prefill step (cancellation granularity) */
     int snapshot_every;  /* snapshot boundary in prompt tokens (0: only prompt end and turn end) */
     int64_t cache_bytes; /* bound on all snapshots together (0: no snapshots) */
+    int32_t turn_start;  /* <|im_start|> (-1: none): also snapshot just before its last occurrence in a
+                          * prompt, where the generation prompt begins; a re-rendered history that
+                          * drops the previous turn's reasoning diverges right after it */
     const int32_t *eos;  /* end-of-sequence ids */
     int n_eos;
 } eng_config;
