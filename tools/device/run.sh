@@ -9,6 +9,7 @@
 #   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
 #                   for machines without them (the device image has none)
 #   .devdata/tiny   a small oracle checkpoint (tests/oracle makes them)
+#   .devdata/tiny-hf  its HF bf16 twin (tools/oracle/make_case.py tiny --hf), for tools/device/hf_check.py
 # Results go to $OUT (or build/device-out): logs, bench JSON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,6 +41,9 @@ step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { p
 [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
 step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
 step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+# HF transformers (on the device, f32) as an outside oracle for the CUDA path, on the HF bf16
+# layout of the tiny oracle checkpoint (lilac loads that layout directly).
+[ -d .devdata/tiny-hf ] && step test-hf python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128
 if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" = full ]; then
     step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
@@ -53,7 +57,7 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
 fi
-for f in test-tiny test-real-dims profile bench; do [ -f "$LOGS/$f.log" ] && cp "$LOGS/$f.log" "$OUT/"; done
+for f in test-tiny test-real-dims test-hf profile bench; do [ -f "$LOGS/$f.log" ] && cp "$LOGS/$f.log" "$OUT/"; done
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
 grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log 2>/dev/null
