@@ -4,8 +4,9 @@
  * to a bounded FIFO queue and then read its output as it grows. One worker
  * thread takes jobs into `n_slots` sequence slots (each a backend session with
  * its token history) and advances every active slot by one step per round:
- * one prefill chunk or one decoded token, so sequences interleave fairly and a
- * cancelled job stops within one step. The worker never touches a socket: it
+ * one prefill chunk or one decoded token (all decoding slots together, see
+ * below), so sequences interleave fairly and a cancelled job stops within one
+ * step. The worker never touches a socket: it
  * only appends to the job (text, per-token info) under the job's mutex and
  * broadcasts its condition variable.
  *
@@ -19,8 +20,7 @@
  * window + position, backend snapshot()) taken every `snapshot_every` prompt
  * tokens (prefill chunks are cut so that boundaries fall on them), before the
  * prompt's last `turn_start` token, at the end of the prompt, and at the end of
- * each turn (after the last token handed out
- * has been consumed). A new job takes the idle slot with the longest reusable
+ * each turn (after the last token handed out has been consumed). A new job takes the idle slot with the longest reusable
  * prefix: the common prefix of the prompt and the slot's history, kept whole
  * when the prompt extends the history, else rounded down to the nearest
  * snapshot at or below it (restore() rewinds the session; KV entries above are

@@ -1,7 +1,9 @@
 """Benchmark of `lilac serve` on the demo model (not a test): requests/s and p50/p99
 time to first token with 1, 8 and 32 concurrent streaming clients, and the HTTP
-layer's per-request overhead. Usage: python tests/server/bench_server.py [--parallel N]
-(LILAC_SERVE_BIN / LILAC pick the binary, as in conftest.py)."""
+layer's per-request overhead. Usage: python tests/server/bench_server.py [--parallel 1,8]
+(one server per --parallel value; LILAC_SERVE_BIN / LILAC pick the binary, as in
+conftest.py). Every request has its own user message (the prefix cache only shares
+the template's head); "rows/step" is tokens decoded per batched forward step."""
 
 import argparse
 import statistics
@@ -23,24 +25,27 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+def metric(url, name):
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def stream_one(url, max_tokens, ttfts, seed):
     t0 = time.perf_counter()
     first = None
+    msgs = [{"role": "user", "content": f"Request {seed}. " + USER[0]["content"]}]
     with httpx.Client(timeout=300) as c, c.stream("POST", url + "/v1/chat/completions", json={
-            "messages": USER, "max_tokens": max_tokens, "stream": True, "seed": seed, "ignore_eos": True}) as r:
+            "messages": msgs, "max_tokens": max_tokens, "stream": True, "seed": seed, "ignore_eos": True}) as r:
         for line in r.iter_lines():
             if first is None and ('"reasoning_content"' in line or '"content":"' in line.replace('"content":""', "")):
                 first = time.perf_counter() - t0
     ttfts.append(first if first is not None else time.perf_counter() - t0)
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--threads", default="1")
-    a = ap.parse_args()
-    s = Server("--parallel", str(a.parallel), "--queue", "256", "--threads", a.threads)
+def bench(parallel, a):
+    s = Server("--parallel", str(parallel), "--queue", "256", "--threads", a.threads)
     try:
         with httpx.Client(base_url=s.url) as c:
             for _ in range(20):
@@ -61,12 +66,12 @@ def main():
                 r = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 1, "cache_prompt": False}).json()
                 e2e = (time.perf_counter() - t0) * 1e3
                 over.append((e2e - r["timings"]["prompt_ms"] - r["timings"]["predicted_ms"]) * 1e3)
-        print(f"server: demo model, CPU backend, --parallel {a.parallel}, --threads {a.threads}, "
+        print(f"\nserver: demo model, CPU backend, --parallel {parallel}, --threads {a.threads}, "
               f"{a.max_tokens} tokens per request")
         print(f"HTTP round trip GET /health: {health_us:.0f} us; POST /tokenize (13 bytes): {tok_us:.0f} us; "
               f"generation request overhead beyond prefill+decode: median {statistics.median(over):.0f} us")
-        print("| clients | requests | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms |")
-        print("|---|---|---|---|---|---|---|")
+        print("| --parallel | clients | requests | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | rows/step |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for clients in (1, 8, 32):
             reqs = max(clients * 2, 8)
             ttfts = []
@@ -76,6 +81,7 @@ def main():
                 with sem:
                     stream_one(s.url, a.max_tokens, ttfts, i)
 
+            d0, b0 = metric(s.url, "llamacpp:n_decode_total"), metric(s.url, "lilac:batch_steps_total")
             t0 = time.perf_counter()
             ts = [threading.Thread(target=run, args=(i,)) for i in range(reqs)]
             for t in ts:
@@ -83,10 +89,21 @@ def main():
             for t in ts:
                 t.join()
             wall = time.perf_counter() - t0
-            print(f"| {clients} | {reqs} | {wall:.2f} | {reqs / wall:.2f} | {reqs * a.max_tokens / wall:.0f} | "
-                  f"{pct(ttfts, 50) * 1e3:.1f} | {pct(ttfts, 99) * 1e3:.1f} |")
+            d1, b1 = metric(s.url, "llamacpp:n_decode_total"), metric(s.url, "lilac:batch_steps_total")
+            print(f"| {parallel} | {clients} | {reqs} | {wall:.2f} | {reqs / wall:.2f} | {reqs * a.max_tokens / wall:.0f} | "
+                  f"{pct(ttfts, 50) * 1e3:.1f} | {pct(ttfts, 99) * 1e3:.1f} | {(d1 - d0) / max(b1 - b0, 1):.2f} |")
     finally:
         _finish(s)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parallel", default="1,8", help="comma-separated --parallel values, one server each")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--threads", default="1")
+    a = ap.parse_args()
+    for p in a.parallel.split(","):
+        bench(int(p), a)
 
 
 if __name__ == "__main__":

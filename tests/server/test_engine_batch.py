@@ -346,6 +346,6 @@ def test_cancel_one_stream_of_batch(p1, p4):
     assert wait_for(lambda: metrics(p4.url)["llamacpp:requests_processing"] == 0, 10)
     m1 = metrics(p4.url)
     # the victim stopped long before its 2000 tokens
-    assert m1["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] < 3 * 60 + 400
+    assert m1["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] < 3 * 60 + 1000
     ref = [stream_text(p1, c, 60) for c in others]
     assert res[1:] == ref
