@@ -527,6 +527,7 @@ typedef struct {
     char *model;
     size_t text_off;   /* bytes of job->text consumed */
     int tok_off;       /* tokens whose logprobs were sent */
+    int tok_seen;      /* tokens already looked at (wait for more than these) */
     int lp_from;       /* first token not yet attached to a chunk */
     eng_tok *new_toks; /* tokens of this round (copied) */
     int n_new;
@@ -605,9 +606,12 @@ static void produce(stream *st) {
     eng_job *j = st->job;
     sbuf text = {0};
     pthread_mutex_lock(&j->mu);
-    if (j->text.n == st->text_off && j->n_toks == st->tok_off && j->state != JOB_DONE) eng_job_wait(j, 0.05);
+    /* Wait for tokens not seen yet: tokens whose text the parser holds back stay
+     * unsent (tok_off) but must not make this loop spin. */
+    if (j->text.n == st->text_off && j->n_toks == st->tok_seen && j->state != JOB_DONE) eng_job_wait(j, 0.05);
     sb_put(&text, j->text.p + st->text_off, j->text.n - st->text_off);
     int n_toks = j->n_toks;
+    st->tok_seen = n_toks;
     st->n_new = n_toks - st->tok_off;
     if (st->n_new > 0) {
         st->new_toks = xrealloc(st->new_toks, sizeof(eng_tok) * (size_t)st->n_new);
