@@ -70,8 +70,9 @@ def bench(parallel, a):
               f"{a.max_tokens} tokens per request")
         print(f"HTTP round trip GET /health: {health_us:.0f} us; POST /tokenize (13 bytes): {tok_us:.0f} us; "
               f"generation request overhead beyond prefill+decode: median {statistics.median(over):.0f} us")
-        print("| --parallel | clients | requests | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | rows/step |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| --parallel | clients | requests | wall s | requests/s | tokens/s | TTFT p50 ms | TTFT p99 ms | rows/step "
+              "| engine us/token |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for clients in (1, 8, 32):
             reqs = max(clients * 2, 8)
             ttfts = []
@@ -82,6 +83,7 @@ def bench(parallel, a):
                     stream_one(s.url, a.max_tokens, ttfts, i)
 
             d0, b0 = metric(s.url, "llamacpp:n_decode_total"), metric(s.url, "lilac:batch_steps_total")
+            e0 = metric(s.url, "llamacpp:tokens_predicted_seconds_total")
             t0 = time.perf_counter()
             ts = [threading.Thread(target=run, args=(i,)) for i in range(reqs)]
             for t in ts:
@@ -90,8 +92,10 @@ def bench(parallel, a):
                 t.join()
             wall = time.perf_counter() - t0
             d1, b1 = metric(s.url, "llamacpp:n_decode_total"), metric(s.url, "lilac:batch_steps_total")
+            e1 = metric(s.url, "llamacpp:tokens_predicted_seconds_total")
             print(f"| {parallel} | {clients} | {reqs} | {wall:.2f} | {reqs / wall:.2f} | {reqs * a.max_tokens / wall:.0f} | "
-                  f"{pct(ttfts, 50) * 1e3:.1f} | {pct(ttfts, 99) * 1e3:.1f} | {(d1 - d0) / max(b1 - b0, 1):.2f} |")
+                  f"{pct(ttfts, 50) * 1e3:.1f} | {pct(ttfts, 99) * 1e3:.1f} | {(d1 - d0) / max(b1 - b0, 1):.2f} | "
+                  f"{(e1 - e0) / max(d1 - d0, 1) * 1e6:.0f} |")
     finally:
         _finish(s)
 
