@@ -14,7 +14,7 @@
 #include "../backend.h"
 #include "cpu_ops.h"
 
-#define CHUNK 128
+#define CHUNK 512 /* rows per pass: larger chunks dequantise each expert once for more tokens */
 
 /* Rows [t0, t0+n) of a pass belong to session s (positions s->pos ...). A pass
  * over one session's tokens has one group; a batched decode step has one group
@@ -460,7 +460,7 @@ static void copy_state(lilac_session *s, float *d, bool save) {
 
 static lilac_snapshot *cpu_snapshot(lilac_session *s, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
-    const size_t per = gdn_floats(c), nconv = (size_t)((c->conv_kernel - 1) * cfg_conv_dim(c));
+    const size_t per = gdn_floats(c);
     int n_lin = 0;
     for (int l = 0; l < c->n_layers; l++) n_lin += !c->is_full[l];
     lilac_snapshot *snap = calloc(1, sizeof *snap);
@@ -479,7 +479,6 @@ static lilac_snapshot *cpu_snapshot(lilac_session *s, lilac_err *err) {
 }
 
 static int cpu_restore(lilac_session *s, const lilac_snapshot *snap, lilac_err *err) {
-    const lilac_config *c = &s->m->cfg;
     if (snap->pos > s->pos) return lilac_fail(err, "restore: snapshot at %lld is ahead of the session (%lld)",
                                               (long long)snap->pos, (long long)s->pos);
     copy_state(s, snap->data, false);
