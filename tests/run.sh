@@ -45,6 +45,13 @@ if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"
     done
+    # The model against MLX-LM once more with the ASan+UBSan binary (tiny case: both layouts,
+    # broken checkpoints, quantization at load).
+    if [ -x build/asan/lilac ]; then
+        run_suite "asan-py/oracle-tiny" env LILAC=build/asan/lilac LILAC_ORACLE_CASES=tiny \
+            ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+            .venv/bin/python -m pytest -q -p no:cacheprovider tests/oracle/test_model_vs_mlx.py tests/cli/test_quantize_at_load.py
+    fi
 fi
 echo "$TOTAL_P passed, $TOTAL_F failed"
 [ "$TOTAL_F" = 0 ]

@@ -15,11 +15,12 @@
 typedef struct {
     const char *model, *backend;
     long threads;
+    bool quantize; /* HF bf16 checkpoint: quantize in memory at load, as `lilac convert` would */
 } model_opts;
 
 static bool common_opt(int argc, char **argv, int *i, model_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
-           opt_int(argc, argv, i, "--threads", &o->threads);
+           opt_int(argc, argv, i, "--threads", &o->threads) || opt_flag(argc, argv, i, "--quantize", &o->quantize);
 }
 
 static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lilac_backend **be) {
@@ -32,6 +33,7 @@ static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lil
     if (o->threads < 0) lilac_die("--threads must be positive");
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(m, o->model, &err) < 0) lilac_die("%s", err.msg);
+    if (o->quantize && lilac_model_quantize(m, &err) < 0) lilac_die("%s", err.msg);
 }
 
 /* ---- info --------------------------------------------------------------- */

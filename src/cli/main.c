@@ -30,7 +30,8 @@ static const command commands[] = {
 static void usage(FILE *f) {
     fprintf(f, "lilac — an inference engine for Qwen3.6-35B-A3B\n\nusage: lilac <command> [options]\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  lilac %s\n", commands[i].usage);
-    fprintf(f, "\ncommon options: --backend cpu   --threads N (default: all cores)\n");
+    fprintf(f, "\ncommon options: --backend cpu|cuda   --threads N (default: all cores)\n"
+               "               --quantize (an HF bf16 checkpoint is quantized at load, as `lilac convert` would)\n");
 }
 
 int main(int argc, char **argv) {

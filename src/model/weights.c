@@ -2,6 +2,10 @@
  * presence, dtype and shape against the config. Both layouts (weights.h). */
 #include "weights.h"
 
+#include <omp.h>
+
+#include "quantize.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -58,6 +62,27 @@ void lilac_mat_row(const lilac_matrix *m, int64_t r, float *out) {
 }
 
 /* ---- loader ------------------------------------------------------------- */
+
+/* A heap buffer the model owns (freed with it; backends see it like a tensor). */
+static void *own(lilac_model *m, size_t n) {
+    void *p = xmalloc(n ? n : 1);
+    m->owned = xrealloc(m->owned, sizeof(void *) * (size_t)(m->n_owned + 1));
+    m->owned_bytes = xrealloc(m->owned_bytes, sizeof(size_t) * (size_t)(m->n_owned + 1));
+    m->owned[m->n_owned] = p;
+    m->owned_bytes[m->n_owned++] = n;
+    return p;
+}
+
+/* The tensor's data, or an aligned copy the model owns when the file placed it
+ * at an address not aligned to its element size (safetensors allows any offset;
+ * the kernels read whole elements). */
+static const void *aligned_data(lilac_model *m, const st_tensor *t) {
+    const size_t es = st_dtype_size(t->dtype);
+    if (es <= 1 || (uintptr_t)t->data % es == 0) return t->data;
+    void *p = own(m, t->nbytes);
+    memcpy(p, t->data, t->nbytes);
+    return p;
+}
 
 typedef struct {
     lilac_model *m;
@@ -145,15 +170,15 @@ static int load_matrix(loader *L, lilac_matrix *out, const char *base, const cha
         if (!s) return -1;
         const st_tensor *b = need(L, bname, ST_BF16, nd, shape);
         if (!b) return -1;
-        out->q = w->data;
-        out->scales = s->data;
-        out->biases = b->data;
+        out->q = aligned_data(L->m, w);
+        out->scales = aligned_data(L->m, s);
+        out->biases = aligned_data(L->m, b);
     } else {
         out->type = MAT_BF16;
         shape[k + 1] = cols;
         const st_tensor *w = need(L, name, ST_BF16, nd, shape);
         if (!w) return -1;
-        out->w = w->data;
+        out->w = aligned_data(L->m, w);
     }
     return 0;
 }
@@ -330,6 +355,78 @@ fail:
     return -1;
 }
 
+/* ---- quantization at load ---------------------------------------------------- */
+
+
+static int quantize_mat(lilac_model *m, lilac_matrix *x, int bits, const char *what, lilac_err *err) {
+    if (x->type != MAT_BF16 || x->rows == 0) return 0;
+    const int group = 64;
+    const int64_t R = x->rows, C = x->cols, E = x->n_experts, wpr = C * bits / 32, gpr = C / group;
+    if (C % group) return lilac_fail(err, "%s: %lld columns, not a multiple of the group size %d", what, (long long)C, group);
+    uint32_t *q = own(m, sizeof(uint32_t) * (size_t)(E * R * wpr));
+    uint16_t *sc = own(m, sizeof(uint16_t) * (size_t)(E * R * gpr)), *bi = own(m, sizeof(uint16_t) * (size_t)(E * R * gpr));
+    const int64_t RB = 64, nblk = (R + RB - 1) / RB;
+    int64_t bad_at = -1;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int64_t u = 0; u < E * nblk; u++) {
+        const int64_t e = u / nblk, r0 = (u % nblk) * RB, n = R - r0 < RB ? R - r0 : RB;
+        const lilac_matrix v = lilac_mat_expert(x, (int)e);
+        const int64_t o = e * R + r0;
+        int64_t bad = lilac_affine_quantize_bf16(v.w + r0 * C, n, C, bits, group, q + o * wpr, sc + o * gpr, bi + o * gpr);
+        if (bad >= 0) {
+#pragma omp critical
+            bad_at = o * C + bad;
+        }
+    }
+    if (bad_at >= 0) return lilac_fail(err, "%s: non-finite weight at element %lld", what, (long long)bad_at);
+    x->type = MAT_AFFINE;
+    x->bits = bits;
+    x->group = group;
+    x->q = q;
+    x->scales = sc;
+    x->biases = bi;
+    x->w = NULL;
+    x->expert_rows_stride = R;
+    return 0;
+}
+
+static void round_gain(float *g, int64_t n) {
+    for (int64_t i = 0; g && i < n; i++) g[i] = bf16_to_f32(f32_to_bf16(g[i]));
+}
+
+int lilac_model_quantize(lilac_model *m, lilac_err *err) {
+    if (m->layout != LAYOUT_HF) return 0;
+    const lilac_config *c = &m->cfg;
+    char what[96];
+    if (quantize_mat(m, &m->embed, 4, "embed_tokens", err) < 0) return -1;
+    if (c->tie_embeddings) m->lm_head = m->embed;
+    else if (quantize_mat(m, &m->lm_head, 4, "lm_head", err) < 0) return -1;
+    round_gain(m->final_norm, c->hidden);
+    for (int l = 0; l < c->n_layers; l++) {
+        lilac_layer *y = &m->layers[l];
+        struct { lilac_matrix *mat; int bits; const char *name; } mats[] = {
+            {&y->in_qkv, 4, "in_proj_qkv"}, {&y->in_z, 4, "in_proj_z"}, {&y->in_b, 4, "in_proj_b"},
+            {&y->in_a, 4, "in_proj_a"}, {&y->out_proj, 4, "out_proj"}, {&y->q_proj, 4, "q_proj"},
+            {&y->k_proj, 4, "k_proj"}, {&y->v_proj, 4, "v_proj"}, {&y->o_proj, 4, "o_proj"},
+            {&y->router, 8, "mlp.gate"}, {&y->exp_gate, 4, "experts (gate)"}, {&y->exp_up, 4, "experts (up)"},
+            {&y->exp_down, 4, "experts.down_proj"}, {&y->sh_gate, 4, "shared_expert.gate_proj"},
+            {&y->sh_up, 4, "shared_expert.up_proj"}, {&y->sh_down, 4, "shared_expert.down_proj"},
+            {&y->sh_expert_gate, 8, "shared_expert_gate"},
+        };
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            snprintf(what, sizeof what, "layer %d %s", l, mats[i].name);
+            if (quantize_mat(m, mats[i].mat, mats[i].bits, what, err) < 0) return -1;
+        }
+        round_gain(y->in_norm, c->hidden);
+        round_gain(y->post_norm, c->hidden);
+        if (y->is_full) {
+            round_gain(y->q_norm, c->head_dim);
+            round_gain(y->k_norm, c->head_dim);
+        }
+    }
+    return 0;
+}
+
 void lilac_model_free(lilac_model *m) {
     if (m->layers) {
         for (int i = 0; i < m->cfg.n_layers; i++) {
@@ -340,6 +437,9 @@ void lilac_model_free(lilac_model *m) {
         free(m->layers);
     }
     free(m->final_norm);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->owned_bytes);
     st_close(&m->st);
     lilac_config_free(&m->cfg);
     free(m->dir);

@@ -81,6 +81,11 @@ typedef struct {
     float *final_norm;         /* [hidden] gain */
     lilac_layer *layers;       /* [n_layers] */
     int n_skipped;             /* vision / mtp tensors ignored */
+    /* Heap buffers the model owns (matrices quantized at load), with their sizes:
+     * backends treat them like checkpoint tensors. */
+    void **owned;
+    size_t *owned_bytes;
+    int n_owned;
 } lilac_model;
 
 /* Load DIR (config.json + safetensors). Detects the layout, checks every
@@ -89,6 +94,13 @@ typedef struct {
  * tensor. On failure: -1 and one line in err naming file and tensor. */
 int lilac_model_load(lilac_model *m, const char *dir, lilac_err *err);
 void lilac_model_free(lilac_model *m);
+
+/* Quantize every bf16 matrix of an HF-layout model in memory, exactly as
+ * `lilac convert` (and mlx-lm) would: 4-bit, group 64; the router and the shared
+ * expert gate 8-bit; norm gains rounded to bf16(1+w) as the converted file stores
+ * them. Afterwards the model computes what the converted checkpoint computes.
+ * A no-op for MLX checkpoints. 0, or -1 + err (a non-finite weight, named). */
+int lilac_model_quantize(lilac_model *m, lilac_err *err);
 
 /* Dequantise row r of a matrix into out[cols] (f32): w = s*q + b per group. */
 void lilac_mat_row(const lilac_matrix *m, int64_t r, float *out);

@@ -28,12 +28,6 @@ typedef struct {
  * Returns 0, or -1 + err (one line naming the file/tensor). */
 int lilac_convert(const char *from, const char *to, const lilac_convert_opts *o, lilac_err *err);
 
-/* Quantize `rows` rows of `cols` bf16 values (row-major) exactly as MLX's affine
- * quantize does: codes [rows, cols*bits/32] u32, scales/biases [rows, cols/group]
- * bf16. cols must be a multiple of group, group a multiple of 32/bits.
- * Returns -1 when every value is finite, else the index of the first non-finite
- * value (nothing meaningful is written for its group). */
-int64_t lilac_affine_quantize_bf16(const uint16_t *w, int64_t rows, int64_t cols, int bits, int group,
-                                   uint32_t *q, uint16_t *scales, uint16_t *biases);
+/* The quantizer itself is lilac_affine_quantize_bf16 in ../model/quantize.h. */
 
 #endif

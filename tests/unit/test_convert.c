@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "check.h"
+#include "model/quantize.h"
 #include "tools/convert.h"
 
 static void fill(uint16_t *h, const float *f, int n) {

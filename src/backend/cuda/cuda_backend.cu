@@ -64,8 +64,16 @@ struct dmodel {
     const lilac_model *m;
     int refs;          // sessions using these device weights (one upload per model)
     std::vector<void *> allocs;
-    std::vector<std::pair<const char *, const st_tensor *>> by_addr; // tensors sorted by data address
-    std::vector<void *> dev_of;                                      // per st tensor index: device copy
+    // Host regions weights can point into, sorted by address: every checkpoint
+    // tensor, and the buffers the model owns (matrices quantized at load). Each
+    // is uploaded whole, once, on first use.
+    struct region {
+        const char *h;
+        size_t n;
+        const char *name;
+        void *d;
+    };
+    std::vector<region> regions;
     void *pinned[2];
     cudaEvent_t ev[2];
     cudaStream_t stream;
@@ -92,33 +100,31 @@ static int staged_copy(dmodel *D, void *dst, const void *src, size_t n, lilac_er
     return 0;
 }
 
-// Device address of host pointer p, which points into some tensor of the
-// checkpoint: that tensor is uploaded (whole, once) on first use.
+// Device address of host pointer p, which points into some region (a tensor of
+// the checkpoint, or a buffer the model owns): uploaded whole, once, on first use.
 static const void *dev_ptr(dmodel *D, const void *p, lilac_err *err, int *rc) {
     if (!p) return nullptr;
     const char *c = (const char *)p;
-    auto it = std::upper_bound(D->by_addr.begin(), D->by_addr.end(), c,
-                               [](const char *a, const std::pair<const char *, const st_tensor *> &b) { return a < b.first; });
-    if (it == D->by_addr.begin()) { *rc = lilac_fail(err, "internal: weight pointer outside the checkpoint"); return nullptr; }
+    auto it = std::upper_bound(D->regions.begin(), D->regions.end(), c,
+                               [](const char *a, const dmodel::region &b) { return a < b.h; });
+    if (it == D->regions.begin()) { *rc = lilac_fail(err, "internal: weight pointer outside the checkpoint"); return nullptr; }
     --it;
-    const st_tensor *t = it->second;
-    if (c >= it->first + t->nbytes) { *rc = lilac_fail(err, "internal: weight pointer outside its tensor"); return nullptr; }
-    const size_t idx = (size_t)(t - D->m->st.tensors);
-    if (!D->dev_of[idx]) {
+    if (c >= it->h + it->n) { *rc = lilac_fail(err, "internal: weight pointer outside its tensor"); return nullptr; }
+    if (!it->d) {
         void *d = nullptr;
-        cudaError_t e = cudaMalloc(&d, t->nbytes ? t->nbytes : 1);
+        cudaError_t e = cudaMalloc(&d, it->n ? it->n : 1);
         if (e != cudaSuccess) {
             size_t fr = 0, tot = 0;
             cudaMemGetInfo(&fr, &tot);
-            *rc = lilac_fail(err, "GPU out of memory loading tensor \"%s\" (%zu bytes; %.1f of %.1f GB free)", t->name,
-                             t->nbytes, fr / 1e9, tot / 1e9);
+            *rc = lilac_fail(err, "GPU out of memory loading tensor \"%s\" (%zu bytes; %.1f of %.1f GB free)", it->name,
+                             it->n, fr / 1e9, tot / 1e9);
             return nullptr;
         }
         D->allocs.push_back(d);
-        D->dev_of[idx] = d;
-        if (staged_copy(D, d, t->data, t->nbytes, err) < 0) { *rc = -1; return nullptr; }
+        it->d = d;
+        if (staged_copy(D, d, it->h, it->n, err) < 0) { *rc = -1; return nullptr; }
     }
-    return (const char *)D->dev_of[idx] + (c - it->first);
+    return (const char *)it->d + (c - it->h);
 }
 
 static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err) {
@@ -167,13 +173,12 @@ static void dmodel_free(dmodel *D) {
 static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     D->m = m;
-    D->dev_of.assign((size_t)m->st.n_tensors, nullptr);
     for (int i = 0; i < m->st.n_tensors; i++)
-        D->by_addr.push_back({(const char *)m->st.tensors[i].data, &m->st.tensors[i]});
-    std::sort(D->by_addr.begin(), D->by_addr.end(),
-              [](const std::pair<const char *, const st_tensor *> &a, const std::pair<const char *, const st_tensor *> &b) {
-                  return a.first < b.first;
-              });
+        D->regions.push_back({(const char *)m->st.tensors[i].data, m->st.tensors[i].nbytes, m->st.tensors[i].name, nullptr});
+    for (int i = 0; i < m->n_owned; i++)
+        D->regions.push_back({(const char *)m->owned[i], m->owned_bytes[i], "(quantized at load)", nullptr});
+    std::sort(D->regions.begin(), D->regions.end(),
+              [](const dmodel::region &a, const dmodel::region &b) { return a.h < b.h; });
     CK(cudaStreamCreateWithFlags(&D->stream, cudaStreamNonBlocking));
     for (int i = 0; i < 2; i++) {
         CK(cudaMallocHost(&D->pinned[i], STAGE));
