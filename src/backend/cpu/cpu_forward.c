@@ -27,7 +27,6 @@ typedef struct {
 
 struct lilac_session {
     const lilac_model *m;
-    int threads;
     int64_t pos, max_seq;
     /* per layer (NULL where the layer type does not have it) */
     float **conv_state;  /* GDN: [K-1][conv_dim] raw projected inputs, oldest first */
@@ -41,7 +40,6 @@ struct lilac_session {
     float *qg, *kx, *vx, *att;         /* attention */
     float *router, *topw, *moe_x, *moe_g, *moe_u, *moe_y, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
     int *topi;
-    float *hidden_last;                /* [hidden] normed final hidden of the last token */
     rowgroup grp[CHUNK];               /* the groups of the pass this session leads */
     int ngrp;
 };
@@ -65,7 +63,7 @@ static void cpu_session_free(lilac_session *s) {
     free(s->conv_state); free(s->ssm); free(s->kcache); free(s->vcache);
     float *bufs[] = {s->x, s->xn, s->r, s->qkv, s->conv_out, s->z, s->ba, s->bb, s->o, s->qg, s->kx, s->vx, s->att,
                      s->router, s->topw, s->moe_x, s->moe_g, s->moe_u, s->moe_y, s->sh_g, s->sh_u, s->sh_y,
-                     s->sh_gate, s->hidden_last};
+                     s->sh_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topi);
     free(s);
@@ -80,7 +78,6 @@ static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int
     (void)err;
     lilac_session *s = xcalloc(1, sizeof *s);
     s->m = m;
-    s->threads = threads;
     s->max_seq = max_seq;
     int L = c->n_layers;
     s->conv_state = xcalloc((size_t)L, sizeof(float *));
@@ -106,7 +103,6 @@ static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int
     s->moe_g = fbuf(C * c->moe_inter); s->moe_u = fbuf(C * c->moe_inter);
     s->sh_g = fbuf(C * c->shared_inter); s->sh_u = fbuf(C * c->shared_inter); s->sh_y = fbuf(C * H);
     s->sh_gate = fbuf(C);
-    s->hidden_last = fbuf(H);
     return s;
 }
 
