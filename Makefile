@@ -98,7 +98,7 @@ run:
 	$(MAKE) $(BUILD)/lilac
 	@if [ -z "$(MODEL)" ]; then ./$(BUILD)/lilac info; exit 1; fi
 	./$(BUILD)/lilac info --model "$(MODEL)"
-	./$(BUILD)/lilac generate --model "$(MODEL)" --ids 248045,846,198 --max-tokens 16 --timing
+	./$(BUILD)/lilac generate --model "$(MODEL)" --prompt "Hello! Who are you?" --chat --no-thinking --max-tokens 32 --timing
 
 test: deps
 	$(MAKE) all
