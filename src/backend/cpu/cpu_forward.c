@@ -40,6 +40,7 @@ struct lilac_session {
     float *qg, *kx, *vx, *att;         /* attention */
     float *router, *topw, *moe_x, *moe_g, *moe_u, *moe_y, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
     int *topi;
+    float *inv_freq;                   /* [rotary_dim/2] RoPE frequencies */
     rowgroup grp[CHUNK];               /* the groups of the pass this session leads */
     int ngrp;
 };
@@ -63,7 +64,7 @@ static void cpu_session_free(lilac_session *s) {
     free(s->conv_state); free(s->ssm); free(s->kcache); free(s->vcache);
     float *bufs[] = {s->x, s->xn, s->r, s->qkv, s->conv_out, s->z, s->ba, s->bb, s->o, s->qg, s->kx, s->vx, s->att,
                      s->router, s->topw, s->moe_x, s->moe_g, s->moe_u, s->moe_y, s->sh_g, s->sh_u, s->sh_y,
-                     s->sh_gate};
+                     s->sh_gate, s->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topi);
     free(s);
@@ -103,6 +104,8 @@ static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int
     s->moe_g = fbuf(C * c->moe_inter); s->moe_u = fbuf(C * c->moe_inter);
     s->sh_g = fbuf(C * c->shared_inter); s->sh_u = fbuf(C * c->shared_inter); s->sh_y = fbuf(C * H);
     s->sh_gate = fbuf(C);
+    s->inv_freq = fbuf(c->rotary_dim / 2 + 1);
+    for (int i = 0; i < c->rotary_dim / 2; i++) s->inv_freq[i] = (float)pow(c->rope_theta, -2.0 * i / c->rotary_dim);
     return s;
 }
 
@@ -207,12 +210,12 @@ static void gdn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
 
 /* ---- gated attention ---------------------------------------------------- */
 
-/* NeoX partial rotary on dims [0, rd): pairs (i, i + rd/2). */
-static void rope(float *x, int rd, int64_t pos, double theta) {
+/* NeoX partial rotary on dims [0, rd): pairs (i, i + rd/2); inv_freq[i] =
+ * theta^(-2i/rd), computed once per session. */
+static void rope(float *x, int rd, int64_t pos, const float *inv_freq) {
     const int half = rd / 2;
     for (int i = 0; i < half; i++) {
-        const float inv_freq = (float)pow(theta, -2.0 * i / rd);
-        const float ang = (float)pos * inv_freq;
+        const float ang = (float)pos * inv_freq[i];
         const float cs = cosf(ang), sn = sinf(ang);
         const float a = x[i], b = x[i + half];
         x[i] = a * cs - b * sn;
@@ -248,12 +251,12 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
         for (int h = 0; h < nh; h++) {
             float *q = s->qg + t * qgw + (int64_t)h * 2 * hd; /* [query | gate] per head */
             cpu_rmsnorm(q, q, ly->q_norm, hd, c->rms_eps);
-            rope(q, c->rotary_dim, p, c->rope_theta);
+            rope(q, c->rotary_dim, p, s->inv_freq);
         }
         for (int h = 0; h < nkv; h++) {
             float *k = kc + p * kvw + (int64_t)h * hd;
             cpu_rmsnorm(k, s->kx + t * kvw + (int64_t)h * hd, ly->k_norm, hd, c->rms_eps);
-            rope(k, c->rotary_dim, p, c->rope_theta);
+            rope(k, c->rotary_dim, p, s->inv_freq);
             memcpy(vc + p * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
         }
     }
