@@ -199,7 +199,7 @@ def test_no_cors_by_default(http):
 
 def test_keepalive_pings_while_queued(server, http):
     """With both slots busy, a third stream waits in the queue and gets ': ping' comments."""
-    long = {"messages": USER, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    long = {"messages": USER, "max_tokens": 1900, "ignore_eos": True, "stream": True}  # busy for seconds, not a ping interval
     stop = threading.Event()
 
     def hog():
