@@ -66,17 +66,23 @@ static inline int utf8_seq(const uint8_t *s, size_t n, uint32_t *cp) {
     return 0;
 }
 
+/* ASCII fast path: the index of the first non-ASCII byte at or after i in an
+ * 8-byte word (or a position within 8 bytes of n), 8 bytes at a time. */
+static inline size_t ascii_skip(const uint8_t *s, size_t i, size_t n) {
+    while (i + 8 <= n) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        if (w & 0x8080808080808080ull) break;
+        i += 8;
+    }
+    return i;
+}
+
 size_t lilac_utf8_check(const char *str, size_t len) {
     const uint8_t *s = (const uint8_t *)str;
     size_t i = 0;
     while (i < len) {
-        /* ASCII fast path, 8 bytes at a time. */
-        while (i + 8 <= len) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (w & 0x8080808080808080ull) break;
-            i += 8;
-        }
+        i = ascii_skip(s, i, len);
         if (i >= len) break;
         if (s[i] < 0x80) {
             i++;
@@ -253,12 +259,7 @@ void tok_global_init(void) { pthread_once(&nfc_once, nfc_init); }
 static bool nfc_quick(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
-        while (i + 8 <= n) {
-            uint64_t w;
-            memcpy(&w, s + i, 8);
-            if (w & 0x8080808080808080ull) break;
-            i += 8;
-        }
+        i = ascii_skip(s, i, n);
         if (i >= n) break;
         uint8_t c = s[i];
         if (c < 0x80) {

@@ -3,6 +3,7 @@
 #ifndef LILAC_CHECK_H
 #define LILAC_CHECK_H
 #include <stdio.h>
+#include <string.h>
 
 static int check_pass_, check_fail_, check_cur_failed_;
 
@@ -11,6 +12,15 @@ static int check_pass_, check_fail_, check_cur_failed_;
 #define CHECKF(cond, ...) do { if (!(cond)) { check_cur_failed_ = 1; \
     fprintf(stderr, "  %s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* Expect a refusal (rc != 0) with a one-line message containing every fragment. */
+#define CHECK_FAIL_MSG(rc, err, ...) do { \
+    const char *frags_[] = {__VA_ARGS__}; \
+    CHECKF((rc) != 0, "expected failure"); \
+    for (size_t i_ = 0; i_ < sizeof frags_ / sizeof frags_[0]; i_++) \
+        CHECKF(strstr((err).msg, frags_[i_]) != NULL, "message \"%s\" lacks \"%s\"", (err).msg, frags_[i_]); \
+    CHECKF(strchr((err).msg, '\n') == NULL, "message is not one line: %s", (err).msg); \
+} while (0)
 
 #define TEST(fn) do { check_cur_failed_ = 0; fn(); \
     if (check_cur_failed_) { check_fail_++; printf("FAIL %s\n", #fn); } \
