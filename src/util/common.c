@@ -14,6 +14,10 @@ int lilac_fail(lilac_err *err, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->msg, sizeof err->msg, fmt, ap);
         va_end(ap);
+        /* Error messages are one line: control characters from quoted input
+         * (a JSON parser's excerpt, a tensor name) become spaces. */
+        for (char *c = err->msg; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
     }
     return -1;
 }

@@ -15,7 +15,8 @@ typedef struct {
     char msg[1024];
 } lilac_err;
 
-/* printf-style: set err->msg (no-op when err is NULL). Always returns -1 so
+/* printf-style: set err->msg (no-op when err is NULL), one line: control
+ * characters become spaces. Always returns -1 so
  * callers can write `return lilac_fail(err, ...)`. */
 int lilac_fail(lilac_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
