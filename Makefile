@@ -45,7 +45,9 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # CUDA-vs-CPU tests: built wherever the CUDA backend is (CI compiles them), run on a GPU
 # by tools/device/run.sh.
-CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda)
+# tests/cuda/test_*.cu: kernel-level tests (include the kernel headers, compare with CPU loops).
+CUDA_TEST_CU := $(wildcard tests/cuda/test_*.cu)
+CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda $(patsubst tests/cuda/%.cu,$(BUILD)/cuda-tests/%,$(CUDA_TEST_CU)))
 
 .PHONY: all test fuzz asan clean deps run
 all: $(BUILD)/lilac $(TEST_BIN) $(CUDA_TEST_BIN)
@@ -64,6 +66,10 @@ $(BUILD)/tests/%: tests/unit/%.c $(BUILD)/liblilac.a
 $(BUILD)/cuda-tests/%: tests/cuda/%.c $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(LDLIBS)
+
+$(BUILD)/cuda-tests/%: tests/cuda/%.cu $(BUILD)/liblilac.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
