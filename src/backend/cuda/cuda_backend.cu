@@ -20,6 +20,7 @@ extern "C" {
 #include "../backend.h"
 }
 #include "cuda_kernels.cuh"
+#include "cuda_gemm.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -240,6 +241,9 @@ struct lilac_session {
     float *rlog, *topw, *gu, *ye, *shgu, *shy, *sg;
     int *topi, *counts, *offs, *cursor, *sorted;
     float *logits; int64_t logits_rows;
+    // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
+    __nv_bfloat16 *xh, *xl;
+    float *xsum;
     // decode
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
@@ -375,6 +379,14 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
          dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0;
     s->logits_rows = 1;
+    {
+        // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
+        int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
+        w = std::max(w, K * c->moe_inter);
+        ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
+             dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
+             cudaFuncSetAttribute(k_gemm_q4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G4_SMEM) == cudaSuccess;
+    }
     ok = ok && cudaMallocHost((void **)&s->h_pinned, sizeof(int) * (C + 1)) == cudaSuccess &&
          cudaHostAlloc((void **)&s->ring, sizeof(int) * RING, cudaHostAllocMapped) == cudaSuccess &&
          cudaHostGetDevicePointer((void **)&s->ring_dev, s->ring, 0) == cudaSuccess &&
@@ -466,14 +478,32 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
     return j;
 }
 
+// The split (bf16 hi/lo + group sums) of `rows` input rows for the 4-bit GEMM.
+static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
+                   lilac_err *err) {
+    if (xm == XM_SWIGLU) pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
+    else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
+    CKL();
+    return 0;
+}
+
 // y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
 // accum (one token only): y += W x.
+// split_ready: xh/xl already hold the split of x (several matrices read one input).
 static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
-                  int xm, int64_t xoff, lilac_err *err, int accum = 0) {
+                  int xm, int64_t xoff, lilac_err *err, int accum = 0, bool split_ready = false) {
     if (T == 1) {
         gemv_job j = job_of(1, &W, &y, &ldy);
         j.accum[0] = accum;
         return gemv(s, j, xm, x, ldx, xoff, nullptr, 1, 0, err);
+    }
+    if (g4_ok(W)) {
+        if (!split_ready && split_x(s, x, ldx, xoff, xm, T, W.cols, err) < 0) return -1;
+        const dim3 g4((unsigned)((W.rows + G4_BM - 1) / G4_BM), (unsigned)((T + G4_BN - 1) / G4_BN), 1);
+        pdl_launch(s, k_gemm_q4, g4, 256, G4_SMEM, W, W, (int)g4.x, (int64_t)0, s->xh, s->xl, s->xsum, y, ldy, T,
+                   (const int *)nullptr, (const int *)nullptr, 1);
+        CKL();
+        return 0;
     }
     dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
     if (xm == XM_SWIGLU) pdl_launch(s, k_gemm_tc<XM_SWIGLU>, g, 128, 0, W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
@@ -490,8 +520,11 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
                       const float *gain, float *xn_out, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
-        for (int i = 0; i < n; i++)
-            if (matmul(s, W[i], s->xn, H, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
+        bool split = false;
+        for (int i = 0; i < n; i++) {
+            if (matmul(s, W[i], s->xn, H, y[i], ldy[i], T, XM_PLAIN, 0, err, 0, split) < 0) return -1;
+            split = split || g4_ok(W[i]);
+        }
         return 0;
     }
     gemv_job j = job_of(n, W, y, ldy);
@@ -511,7 +544,7 @@ static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ld
 static int conv_launch(lilac_session *s, const float *w, float *state, int T, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t CD = cfg_conv_dim(c);
-    const unsigned g = (unsigned)((CD + 127) / 128);
+    const dim3 g((unsigned)((CD + 127) / 128), (unsigned)((T + CONV_TS - 1) / CONV_TS));
     switch (c->conv_kernel) {
     case 2: pdl_launch(s, k_conv<2>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
     case 3: pdl_launch(s, k_conv<3>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
@@ -555,7 +588,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
                                          d.A_log, d.dt_bias, Hv, s->beta, s->decay);
         CKL();
         dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
-#define RECUR(DK) pdl_launch(s, k_gdn_recur<DK>, g, 32, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
+#define RECUR(DK) pdl_launch(s, k_gdn_recur<DK>, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
                                                       s->decay, s->ssm[(size_t)l], s->o, T)
         switch (c->lin_k_dim) {
         case 32: RECUR(32); break;
@@ -656,14 +689,30 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
         CKL();
         pdl_launch(s, k_moe_scatter, (slots + 255) / 256, 256, 0, s->topi, slots, s->offs, s->cursor, s->sorted);
         CKL();
-        dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
-        pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);
-        CKL();
-        pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_up, s->xn, H, 0, s->gu + I, 2 * I, T, s->offs, s->sorted, K);
-        CKL();
-        dim3 gd((unsigned)((H + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
-        pdl_launch(s, k_gemm_tc<XM_SWIGLU>, gd, 128, 0, d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
-        CKL();
+        if (g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down)) {
+            // gate and up in one launch (the x-tiles beyond gate's select up), both from xn's split
+            if (split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
+            const int mg = (int)((I + G4_BM - 1) / G4_BM);
+            const dim3 g((unsigned)(2 * mg), (unsigned)((T + G4_BN - 1) / G4_BN), (unsigned)E);
+            pdl_launch(s, k_gemm_q4, g, 256, G4_SMEM, d.exp_gate, d.exp_up, mg, I, s->xh, s->xl, s->xsum, s->gu, 2 * I, T,
+                       (const int *)s->offs, (const int *)s->sorted, K);
+            CKL();
+            // down: its input is SwiGLU of each slot's gate/up row
+            if (split_x(s, s->gu, 2 * I, I, XM_SWIGLU, slots, I, err) < 0) return -1;
+            const dim3 gd((unsigned)((H + G4_BM - 1) / G4_BM), (unsigned)((T + G4_BN - 1) / G4_BN), (unsigned)E);
+            pdl_launch(s, k_gemm_q4, gd, 256, G4_SMEM, d.exp_down, d.exp_down, (int)gd.x, (int64_t)0, s->xh, s->xl, s->xsum,
+                       s->ye, H, T, (const int *)s->offs, (const int *)s->sorted, 1);
+            CKL();
+        } else {
+            dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
+            pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);
+            CKL();
+            pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_up, s->xn, H, 0, s->gu + I, 2 * I, T, s->offs, s->sorted, K);
+            CKL();
+            dim3 gd((unsigned)((H + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
+            pdl_launch(s, k_gemm_tc<XM_SWIGLU>, gd, 128, 0, d.exp_down, s->gu, 2 * I, I, s->ye, H, T, s->offs, s->sorted, 1);
+            CKL();
+        }
     }
     prof_mark(s, PH_MOE_EXPERTS);
     if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;

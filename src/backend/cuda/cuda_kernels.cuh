@@ -436,24 +436,34 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // ---------------------------------------------------------------- Gated DeltaNet
 
 // Causal depthwise conv over [state | qkv] then SiLU; the state keeps the last
-// K-1 raw inputs. One thread per channel; the window lives in registers. The
-// state is double-buffered ([2][K-1][CD]): a pass at position p reads buffer
-// p&1 and writes buffer (p+T)&1, so the single-token kernel (k_gdn_step) can
-// let two blocks read a shared q/k channel while one of them writes its update.
+// K-1 raw inputs. Grid (channel blocks, token segments of CONV_TS): a thread
+// computes one channel over one segment, its window in registers. The state is
+// double-buffered ([2][K-1][CD]): a pass at position p reads buffer p&1 and
+// writes buffer (p+T)&1, so the single-token kernel (k_gdn_step) can let two
+// blocks read a shared q/k channel while one of them writes its update. Here
+// only the segment-0 thread of a channel touches its state (reads first, writes
+// last), so the two buffers may coincide (T even) without a race.
+#define CONV_TS 32
 template <int K>
 __global__ void k_conv(const float *qkv, float *state2, const float *w, float *out, int T, int64_t CD, const int *d_pos) {
     pdl_wait();
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CD) return;
+    const int t0 = blockIdx.y * CONV_TS, t1 = min(T, t0 + CONV_TS);
     const int p = *d_pos;
     const float *rd = state2 + (int64_t)(p & 1) * (K - 1) * CD;
-    float *wr = state2 + (int64_t)((p + T) & 1) * (K - 1) * CD;
     float win[K], wc[K];
 #pragma unroll
     for (int k = 0; k < K; k++) wc[k] = w[ch * K + k];
 #pragma unroll
-    for (int k = 0; k < K - 1; k++) win[k] = rd[k * CD + ch];
-    for (int t = 0; t < T; t++) {
+    for (int k = 0; k < K - 1; k++) { // inputs at tokens t0-(K-1) .. t0-1 (negative: from the state)
+        const int tt = t0 - (K - 1) + k;
+        win[k] = tt >= 0 ? qkv[(int64_t)tt * CD + ch] : rd[(int64_t)(K - 1 + tt) * CD + ch];
+    }
+    float saved[K - 1];
+#pragma unroll
+    for (int k = 0; k < K - 1; k++) saved[k] = win[k];
+    for (int t = t0; t < t1; t++) {
         win[K - 1] = qkv[(int64_t)t * CD + ch];
         float acc = 0.0f;
 #pragma unroll
@@ -462,8 +472,18 @@ __global__ void k_conv(const float *qkv, float *state2, const float *w, float *o
 #pragma unroll
         for (int k = 0; k < K - 1; k++) win[k] = win[k + 1];
     }
+    if (blockIdx.y == 0) { // new state: the raw inputs at tokens T-(K-1) .. T-1
+        float *wr = state2 + (int64_t)((p + T) & 1) * (K - 1) * CD;
 #pragma unroll
-    for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k];
+        for (int k = 0; k < K - 1; k++) {
+            const int tt = T - (K - 1) + k;
+            float v = 0.0f;
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) // saved[K - 1 + tt] with a compile-time index
+                if (i == K - 1 + tt) v = saved[i];
+            wr[(int64_t)k * CD + ch] = tt >= 0 ? qkv[(int64_t)tt * CD + ch] : v;
+        }
+    }
 }
 
 // Per token: L2-normalise the q and k heads in place (q also scaled by
@@ -491,66 +511,84 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
     }
 }
 
-// The f32 delta-rule recurrence. Block = one warp = 32 value columns of one
-// v-head; lane m owns column m of the state S[DK][dv], kept in shared memory
-// (S[i][lane]: consecutive lanes, consecutive banks) for the whole chunk.
+// The f32 delta-rule recurrence over a prefill chunk. Block = 4 warps = 32
+// value columns of one v-head (grid: v-heads x dv/32). Warp lane = column * 4 +
+// g: the thread keeps keys g, g+4, g+8, ... of its column of the state S[dk][dv]
+// in registers, so a step is three register dot products and two 2-step shuffle
+// reductions; the four threads of a column read consecutive q/k entries
+// (conflict-free broadcasts). q, k, v, decay and beta of GDN_TS tokens at a
+// time are staged in shared memory with cp.async, double-buffered.
+#define GDN_TS(DK) ((DK) >= 64 ? 2048 / (DK) : 32) // 16 KB of q and k per buffer
 template <int DK>
-__global__ void __launch_bounds__(32) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
-                                                  const float *beta, const float *decay, float *ssm, float *o, int T) {
+__global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
+                                                   const float *beta, const float *decay, float *ssm, float *o, int T) {
+    constexpr int KPT = DK / 4, TS = GDN_TS(DK);
+    __shared__ __align__(16) float qs[2][TS][DK], ks[2][TS][DK], vs[2][TS][32], as[2][TS], bs[2][TS];
     pdl_wait();
-    const int j = blockIdx.x, lane = threadIdx.x, m = blockIdx.y * 32 + lane;
+    const int j = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 3;
+    const int col = warp * 8 + (lane >> 2), m = blockIdx.y * 32 + col;
     const int hk = j / (Hv / Hk);
-    __shared__ float qs[DK], ks[DK], S[DK][32];
-    float *Sg = ssm + (int64_t)j * DK * dv + m;
-    for (int i = 0; i < DK; i++) S[i][lane] = Sg[(int64_t)i * dv];
     const int64_t VD = (int64_t)Hv * dv;
-    // Software pipeline: step t+1's inputs are loaded while step t computes.
-    float qn[DK / 32], kn[DK / 32], vn, an, bn;
-#define GDN_LOAD(tt)                                                                  \
-    do {                                                                              \
-        const float *row_ = conv_out + (int64_t)(tt) * CD;                            \
-        _Pragma("unroll") for (int u = 0; u < DK / 32; u++) {                          \
-            qn[u] = row_[(int64_t)hk * DK + u * 32 + lane];                            \
-            kn[u] = row_[KD + (int64_t)hk * DK + u * 32 + lane];                       \
-        }                                                                             \
-        vn = row_[2 * KD + (int64_t)j * dv + m];                                      \
-        an = decay[(int64_t)(tt) * Hv + j];                                           \
-        bn = beta[(int64_t)(tt) * Hv + j];                                            \
-    } while (0)
-    if (T > 0) GDN_LOAD(0);
-    for (int t = 0; t < T; t++) {
+    float S[KPT];
+    float *Sg = ssm + (int64_t)j * DK * dv + m;
 #pragma unroll
-        for (int u = 0; u < DK / 32; u++) {
-            qs[u * 32 + lane] = qn[u];
-            ks[u * 32 + lane] = kn[u];
+    for (int i = 0; i < KPT; i++) S[i] = Sg[(int64_t)(4 * i + g) * dv];
+    auto stage = [&](int t0, int b) {
+        const int n = min(TS, T - t0);
+        // q and k rows: DK/4 16-byte chunks each; v: 8 chunks
+        const int per_tok = DK / 2 + 8;
+        for (int c = tid; c < n * per_tok; c += 128) {
+            const int tt = c / per_tok, r = c % per_tok;
+            const float *row = conv_out + (int64_t)(t0 + tt) * CD;
+            float *dst;
+            const float *src;
+            if (r < DK / 4) { dst = &qs[b][tt][4 * r]; src = row + (int64_t)hk * DK + 4 * r; }
+            else if (r < DK / 2) { dst = &ks[b][tt][4 * (r - DK / 4)]; src = row + KD + (int64_t)hk * DK + 4 * (r - DK / 4); }
+            else { dst = &vs[b][tt][4 * (r - DK / 2)]; src = row + 2 * KD + (int64_t)j * dv + blockIdx.y * 32 + 4 * (r - DK / 2); }
+            cp_async16(dst, src, true);
         }
-        const float v = vn, a = an, bt = bn;
-        __syncwarp();
-        if (t + 1 < T) GDN_LOAD(t + 1);
-#undef GDN_LOAD
-        float r0 = 0.0f, r1 = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < DK; i += 2) {
-            const float s0 = S[i][lane] * a, s1 = S[i + 1][lane] * a;
-            S[i][lane] = s0;
-            S[i + 1][lane] = s1;
-            r0 += s0 * ks[i];
-            r1 += s1 * ks[i + 1];
+        for (int c = tid; c < 2 * n; c += 128) {
+            const int tt = c >> 1;
+            if (c & 1) cp_async4(&bs[b][tt], beta + (int64_t)(t0 + tt) * Hv + j, true);
+            else cp_async4(&as[b][tt], decay + (int64_t)(t0 + tt) * Hv + j, true);
         }
-        const float d = (v - (r0 + r1)) * bt;
-        float o0 = 0.0f, o1 = 0.0f;
-#pragma unroll 8
-        for (int i = 0; i < DK; i += 2) {
-            const float s0 = S[i][lane] + ks[i] * d, s1 = S[i + 1][lane] + ks[i + 1] * d;
-            S[i][lane] = s0;
-            S[i + 1][lane] = s1;
-            o0 += s0 * qs[i];
-            o1 += s1 * qs[i + 1];
+        cp_async_commit();
+    };
+    if (T > 0) stage(0, 0);
+    for (int t0 = 0, b = 0; t0 < T; t0 += TS, b ^= 1) {
+        if (t0 + TS < T) {
+            stage(t0 + TS, b ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        o[(int64_t)t * VD + (int64_t)j * dv + m] = o0 + o1;
-        __syncwarp();
+        __syncthreads();
+        const int n = min(TS, T - t0);
+        for (int tt = 0; tt < n; tt++) {
+            const float *q = qs[b][tt], *k = ks[b][tt];
+            const float a = as[b][tt], bt = bs[b][tt], v = vs[b][tt][col];
+            float r4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < KPT; i++) r4[i & 3] += S[i] * k[4 * i + g];
+            float r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
+            r += __shfl_xor_sync(0xffffffffu, r, 1);
+            r += __shfl_xor_sync(0xffffffffu, r, 2);
+            const float d = (v - a * r) * bt;
+            float o4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < KPT; i++) {
+                S[i] = a * S[i] + k[4 * i + g] * d;
+                o4[i & 3] += S[i] * q[4 * i + g];
+            }
+            float ov = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+            ov += __shfl_xor_sync(0xffffffffu, ov, 1);
+            ov += __shfl_xor_sync(0xffffffffu, ov, 2);
+            if (g == 0) o[(int64_t)(t0 + tt) * VD + (int64_t)j * dv + m] = ov;
+        }
+        __syncthreads(); // buffer b is restaged next round
     }
-    for (int i = 0; i < DK; i++) Sg[(int64_t)i * dv] = S[i][lane];
+#pragma unroll
+    for (int i = 0; i < KPT; i++) Sg[(int64_t)(4 * i + g) * dv] = S[i];
 }
 
 // Decode (one token), v-head j = blockIdx.x: the causal conv of its q/k head and

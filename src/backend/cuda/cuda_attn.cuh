@@ -1,0 +1,380 @@
+// cuda_attn.cuh — tensor-core flash attention for prefill (causal, GQA, gated).
+//
+// Semantics (as k_attn with one split): for token t of the chunk and query head h,
+//   out[t][h][:] = softmax_j(q·k_j / sqrt(hd)) · V  over keys j <= pos + t,
+//                  times sigmoid(gate[t][h][:]) elementwise,
+// with qg [T][nh][2][hd] (query, then gate; after k_attn_prep), kc/vc [max_seq][nkv][hd]
+// (rows [0, pos + T) valid), KV head of h = h / (nh / nkv), pos = *d_pos (read on the
+// device: the kernel is also captured in CUDA graphs).
+//
+// Precision: every f32 operand x is split as x = hi + lo (both bf16) and a product is
+// hi_a*hi_b + hi_a*lo_b + lo_a*hi_b with f32 accumulation (three m16n8k16 MMAs): about
+// 16 bits of operand precision, ~1e-5 relative of f32 math. Softmax is online, in f32.
+//
+// Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
+//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
+//    (rows padded by 16 B so ldmatrix is bank-conflict free).
+//  - K/V tiles of 32 keys: cp.async (f32, 16 B chunks, zero-filled past the last key the
+//    block needs) into a staging buffer one tile ahead; each thread converts the chunks it
+//    copied itself into hi/lo bf16 tiles (so staging needs no barrier), then two barriers
+//    per tile. The copy of tile j+2 is in flight while tile j+1 is computed.
+//  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 3 MMAs per fragment pair, two
+//    accumulator sets (by k-step parity) for more independent MMA chains.
+//  - online softmax on the S fragments (exp2, quad shuffles), P re-used as the A
+//    operand of P V straight from registers (split hi/lo), V via ldmatrix.trans;
+//    O accumulator 16 x hd per warp in registers (128 f32 for hd 256).
+//  - causal: a block visits only key tiles [0, ceil((pos + last query + 1) / 32));
+//    the mask is applied only on tiles that cross the diagonal.
+//  - blocks are issued heaviest (latest queries) first; heads sharing a KV head run
+//    side by side and share the K/V tiles through L2 (16 MB of K/V at 4096 keys).
+//  hd 256: 200,704 B of shared memory (1 block / SM), <= 255 registers (no spills).
+//
+// Expected time, real case (T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
+// useful f32-equivalent work, 309 GFLOP of bf16 MMAs): per block and 32-key tile the
+// SM moves ~512 KB through shared memory (ldmatrix 320 KB + staging/convert 192 KB),
+// ~4,000 cycles, while its MMAs need ~2,000-2,500; 512 blocks x ~97 tiles / 132 SMs
+// = ~376 tiles per SM -> ~1.5 M cycles -> ~0.9 ms at 1.75 GHz; we expect 1-1.5 ms
+// (70-100 TFLOP/s useful), against ~52 ms for k_attn.
+//
+// Long contexts with few query tiles (T small, pos large) launch only
+// ceil(T/64) * nh blocks; correct but not spread over all SMs (no split over keys).
+#pragma once
+#include <stdint.h>
+
+#include <atomic>
+
+#include "cuda_common.cuh"
+
+namespace lilac_fa {
+
+constexpr int BM = 64;  // queries per block
+constexpr int BN = 32;  // keys per tile
+constexpr int NT = 128; // threads per block (4 warps x 16 query rows)
+
+template <int HD>
+struct geom {
+    static constexpr int LDS = HD + 8;                               // bf16 per smem row (pad 16 B)
+    static constexpr size_t q_bytes = (size_t)BM * LDS * 2;          // one of Qh, Ql
+    static constexpr size_t t_bytes = (size_t)BN * LDS * 2;          // one of Kh, Kl, Vh, Vl
+    static constexpr size_t st_bytes = (size_t)BN * HD * 4;          // f32 staging, one of K, V
+    static constexpr size_t smem = 2 * q_bytes + 4 * t_bytes + 2 * st_bytes;
+    static constexpr int CPR = HD / 4;                               // 16-byte chunks per row
+    static constexpr int KV_CPT = BN * CPR / NT;                     // staging chunks per thread
+    static constexpr int Q_CPT = BM * CPR / NT;                      // Q chunks per thread
+    static_assert(HD % 64 == 0, "head_dim must be a multiple of 64");
+    static_assert((BN * CPR) % NT == 0 && (BM * CPR) % NT == 0, "chunking");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// D += A(16x16, row) * B(16x8, col), bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
+
+// (a, b) -> packed bf16x2 hi (a in the low half) and lo = (a, b) - hi.
+__device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(h);
+    hi = bf2_bits(h);
+    lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
+}
+
+// Three-term split-bf16 product: c += (ah + al)(bh + bl) less al*bl.
+__device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
+                                     uint32_t bh1, uint32_t bl0, uint32_t bl1) {
+    mma16816(c, al, bh0, bh1);
+    mma16816(c, ah, bl0, bl1);
+    mma16816(c, ah, bh0, bh1);
+}
+
+} // namespace lilac_fa
+
+// Grid: ceil(T / 64) * nh blocks (1-D; heaviest query tiles first), 128 threads,
+// lilac_fa::geom<HD>::smem bytes of dynamic shared memory.
+template <int HD>
+__global__ void __launch_bounds__(lilac_fa::NT, 1)
+    k_attn_prefill(const float *__restrict__ qg, const float *__restrict__ kc, const float *__restrict__ vc,
+                   const int *__restrict__ d_pos, int T, int nh, int nkv, float *__restrict__ out) {
+    using namespace lilac_fa;
+    using G = geom<HD>;
+    constexpr int LDS = G::LDS, CPR = G::CPR;
+    pdl_wait();
+
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __nv_bfloat16 *const Qh = reinterpret_cast<__nv_bfloat16 *>(fa_smem);
+    __nv_bfloat16 *const Ql = reinterpret_cast<__nv_bfloat16 *>(fa_smem + G::q_bytes);
+    __nv_bfloat16 *const Kh = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes);
+    __nv_bfloat16 *const Kl = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + G::t_bytes);
+    __nv_bfloat16 *const Vh = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + 2 * G::t_bytes);
+    __nv_bfloat16 *const Vl = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + 3 * G::t_bytes);
+    float *const Ks = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes);
+    float *const Vs = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes + G::st_bytes);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nqt = (T + BM - 1) / BM;
+    const int qt = nqt - 1 - (int)(blockIdx.x / (unsigned)nh), h = (int)(blockIdx.x % (unsigned)nh);
+    const int kh = h / (nh / nkv);
+    const int q0 = qt * BM;
+    const int pos = *d_pos;
+    // Keys this block needs: [0, kv_end); rows past it are zero-filled in the tiles.
+    const int kv_end = pos + min(q0 + BM, T);
+    const int ntiles = (kv_end + BN - 1) / BN;
+    const int64_t kvw = (int64_t)nkv * HD;
+    const float *const kbase = kc + (int64_t)kh * HD;
+    const float *const vbase = vc + (int64_t)kh * HD;
+
+    // Stage tile j (f32) with cp.async: thread tid owns chunks tid + i*NT of K and V.
+    auto issue_tile = [&](int j) {
+#pragma unroll
+        for (int i = 0; i < G::KV_CPT; i++) {
+            const int c = tid + i * NT, key = c / CPR, col = (c % CPR) * 4;
+            const int kg = j * BN + key;
+            const bool ok = kg < kv_end;
+            const int64_t off = ok ? (int64_t)kg * kvw + col : 0;
+            cp_async16(smem_u32(Ks + c * 4), kbase + off, ok ? 16 : 0);
+            cp_async16(smem_u32(Vs + c * 4), vbase + off, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    // Convert this thread's own staged chunks into the hi/lo bf16 tiles.
+    auto convert_tile = [&]() {
+#pragma unroll
+        for (int i = 0; i < G::KV_CPT; i++) {
+            const int c = tid + i * NT, key = c / CPR, col = (c % CPR) * 4;
+            const float4 k4 = *reinterpret_cast<const float4 *>(Ks + c * 4);
+            const float4 v4 = *reinterpret_cast<const float4 *>(Vs + c * 4);
+            uint2 hi, lo;
+            split2(k4.x, k4.y, hi.x, lo.x);
+            split2(k4.z, k4.w, hi.y, lo.y);
+            *reinterpret_cast<uint2 *>(Kh + key * LDS + col) = hi;
+            *reinterpret_cast<uint2 *>(Kl + key * LDS + col) = lo;
+            split2(v4.x, v4.y, hi.x, lo.x);
+            split2(v4.z, v4.w, hi.y, lo.y);
+            *reinterpret_cast<uint2 *>(Vh + key * LDS + col) = hi;
+            *reinterpret_cast<uint2 *>(Vl + key * LDS + col) = lo;
+        }
+    };
+
+    issue_tile(0);
+
+    // Q tile: scaled into the log2 domain, split, into shared memory (rows past T: zero).
+    {
+        const float qscale = 1.4426950408889634f / sqrtf((float)HD);
+#pragma unroll 8
+        for (int i = 0; i < G::Q_CPT; i++) {
+            const int c = tid + i * NT, row = c / CPR, col = (c % CPR) * 4;
+            const int t = q0 + row;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
+            uint2 hi, lo;
+            split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
+            *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
+            *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
+        }
+    }
+    cp_async_wait_all();
+    convert_tile();
+    __syncthreads();
+    if (ntiles > 1) issue_tile(1);
+
+    // Per-lane ldmatrix offsets (elements).
+    const int wr = warp * 16;                                                      // warp's first row
+    const int q_off = (wr + (lane & 15)) * LDS + (lane >> 4) * 8;                  // A: rows, k
+    const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8; // B from K rows
+    const int v_off = (lane & 15) * LDS + (lane >> 4) * 8;                         // B from V (trans)
+    const uint32_t sQh = smem_u32(Qh) + 2u * q_off, sQl = smem_u32(Ql) + 2u * q_off;
+    const uint32_t sKh = smem_u32(Kh) + 2u * k_off, sKl = smem_u32(Kl) + 2u * k_off;
+    const uint32_t sVh = smem_u32(Vh) + 2u * v_off, sVl = smem_u32(Vl) + 2u * v_off;
+
+    const int g = lane >> 2, tq = lane & 3;
+    const int lim0 = pos + q0 + wr + g, lim1 = lim0 + 8; // last key of rows g, g + 8
+    const int diag = pos + q0;                           // smallest limit in the block
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int j = 0; j < ntiles; j++) {
+        // ---- S = Q K^T (log2 domain)
+        float sa[2][BN / 8][4];
+#pragma unroll
+        for (int p = 0; p < 2; p++)
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++) sa[p][n][0] = sa[p][n][1] = sa[p][n][2] = sa[p][n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t qh[4], ql[4];
+            ldsm_x4(qh, sQh + 2u * (kk * 16));
+            ldsm_x4(ql, sQl + 2u * (kk * 16));
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                uint32_t bh[4], bl[4];
+                ldsm_x4(bh, sKh + 2u * (np * 16 * LDS + kk * 16));
+                ldsm_x4(bl, sKl + 2u * (np * 16 * LDS + kk * 16));
+                mma3(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
+                mma3(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
+            }
+        }
+        float s[BN / 8][4];
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = sa[0][n][e] + sa[1][n][e];
+
+        // ---- causal mask (only on tiles crossing the diagonal)
+        if (j * BN + BN - 1 > diag) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = j * BN + n * 8 + 2 * tq + e;
+                    if (key > lim0) s[n][e] = -INFINITY;
+                    if (key > lim1) s[n][2 + e] = -INFINITY;
+                }
+        }
+
+        // ---- online softmax (rows g and g + 8 of the warp; a quad holds a row)
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            s[n][0] = exp2f(s[n][0] - b0);
+            s[n][1] = exp2f(s[n][1] - b0);
+            s[n][2] = exp2f(s[n][2] - b1);
+            s[n][3] = exp2f(s[n][3] - b1);
+            rs0 += s[n][0] + s[n][1];
+            rs1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * c0 + rs0; // per-thread partial row sums; the quad is summed at the end
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+
+        // ---- O += P V
+#pragma unroll
+        for (int ks = 0; ks < BN / 16; ks++) {
+            uint32_t ph[4], pl[4];
+            split2(s[2 * ks][0], s[2 * ks][1], ph[0], pl[0]);
+            split2(s[2 * ks][2], s[2 * ks][3], ph[1], pl[1]);
+            split2(s[2 * ks + 1][0], s[2 * ks + 1][1], ph[2], pl[2]);
+            split2(s[2 * ks + 1][2], s[2 * ks + 1][3], ph[3], pl[3]);
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t vh[4], vl[4];
+                ldsm_x4_t(vh, sVh + 2u * (ks * 16 * LDS + dp * 16));
+                ldsm_x4_t(vl, sVl + 2u * (ks * 16 * LDS + dp * 16));
+                mma3(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
+                mma3(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+            }
+        }
+
+        // ---- next tile: staged f32 -> hi/lo bf16 tiles; start the copy of the one after
+        if (j + 1 < ntiles) {
+            cp_async_wait_all();
+            __syncthreads(); // every warp is done with this tile's K/V
+            convert_tile();
+            __syncthreads(); // next tile's K/V ready; staging reads done
+            if (j + 2 < ntiles) issue_tile(j + 2);
+        }
+    }
+
+    // ---- normalise, gate, store
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = q0 + wr + g + half * 8;
+        if (t >= T) continue;
+        const float inv = 1.0f / (half ? l1 : l0);
+        const float *gate = qg + ((int64_t)t * nh + h) * 2 * HD + HD;
+        float *dst = out + ((int64_t)t * nh + h) * HD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const int d = n * 8 + 2 * tq;
+            const float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 r;
+            r.x = o[n][2 * half] * inv / (1.0f + expf(-gv.x));
+            r.y = o[n][2 * half + 1] * inv / (1.0f + expf(-gv.y));
+            *reinterpret_cast<float2 *>(dst + d) = r;
+        }
+    }
+}
+
+template <int HD>
+static inline cudaError_t attn_prefill_go(const float *qg, const float *kc, const float *vc, const int *d_pos, int T, int nh,
+                                   int nkv, float *out, cudaStream_t st) {
+    constexpr size_t sm = lilac_fa::geom<HD>::smem;
+    // The opt-in above 48 KB, once per device (bit d of the mask).
+    static std::atomic<unsigned long long> done{0};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
+    if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
+        e = cudaFuncSetAttribute(k_attn_prefill<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (e != cudaSuccess) return e;
+        done.fetch_or(bit, std::memory_order_relaxed);
+    }
+    const unsigned blocks = (unsigned)((T + lilac_fa::BM - 1) / lilac_fa::BM) * (unsigned)nh;
+    k_attn_prefill<HD><<<blocks, lilac_fa::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
+    return cudaGetLastError();
+}
+
+// Causal gated attention of a prefill chunk of T tokens at position *d_pos (see the
+// top of this file). hd 64, 128 or 256; nh a multiple of nkv. No host synchronisation.
+static inline cudaError_t attn_prefill_launch(const float *qg, const float *kc, const float *vc, const int *d_pos, int T,
+                                       int nh, int nkv, int hd, float *out, cudaStream_t st) {
+    if (T <= 0) return cudaSuccess;
+    if (nh <= 0 || nkv <= 0 || nh % nkv) return cudaErrorInvalidValue;
+    switch (hd) {
+    case 64: return attn_prefill_go<64>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
+    case 128: return attn_prefill_go<128>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
+    case 256: return attn_prefill_go<256>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
+    default: return cudaErrorInvalidValue;
+    }
+}

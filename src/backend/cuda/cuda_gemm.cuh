@@ -1,0 +1,282 @@
+// cuda_gemm.cuh — prefill matrix products on the tensor cores for 4-bit MLX
+// weights (affine, group 64), dequantised inside the GEMM, never to memory.
+//
+// Why "q-space": an affine group is w = s*q + b with q an integer 0..15, so
+//   sum_k w[m][k] x[n][k] = s[m] * sum_k q[m][k] x[n][k] + b[m] * sum_k x[n][k]
+// within a group of 64 columns. The codes q are exact in bf16, so the tensor
+// cores take them as they are; the activations are split x = xh + xl (two bf16
+// parts, ~16 significant bits) and multiplied in two MMAs. Per group, the f32
+// partial is scaled by s and the bias term b * xs (xs = f32 group sum of x) is
+// added. The product stays within ~1e-5 of f32 math — what the CPU reference
+// and the decode GEMV compute — for two MMAs per product instead of the three
+// a split weight would need.
+//
+// Tiles: 128 weight rows x 64 tokens x 64 columns (one group), 8 warps (4 x 2,
+// each 32 x 32), mma.sync m16n8k16; codes, xh/xl tiles and group sums flow
+// through a 3-stage cp.async pipeline. The A fragments are built in registers
+// straight from the packed words (nibble pairs -> bf16x2), B fragments come
+// from ldmatrix.
+#pragma once
+#include "cuda_common.cuh"
+
+#define G4_BM 128
+#define G4_BN 64
+#define G4_BK 64      // = the quantisation group
+#define G4_STAGES 3
+#define G4_QLD 12     // u32 words per code row in shared memory (8 used; 12 avoids bank conflicts)
+#define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
+
+struct g4_stage {
+    uint32_t q[G4_BM * G4_QLD];
+    __nv_bfloat16 xh[G4_BN * G4_XLD], xl[G4_BN * G4_XLD];
+    float xs[G4_BN];
+};
+static const size_t G4_SMEM = sizeof(g4_stage) * G4_STAGES;
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(s));
+}
+
+__device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Codes 2t and 2t+1 of a packed word (8 codes, 4 bits each, code j at bits 4j)
+// as an exact bf16x2 pair: 128 + q has the bf16 exponent of 128 and q in the
+// mantissa; subtracting 128 leaves q.
+__device__ __forceinline__ uint32_t nib2_bf16(uint32_t w, int t) {
+    const uint32_t u = w >> (8 * t);
+    const uint32_t v = (u & 0xFu) | ((u & 0xF0u) << 12) | 0x43004300u;
+    __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
+    h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
+    return *(const uint32_t *)&h;
+}
+
+// Split the GEMM input rows into bf16 hi/lo parts and f32 sums per group of 64.
+// Row r of the input is x + r*ldx (XM_SWIGLU: silu(x[c]) * x[xoff + c]); output
+// row r of xh/xl has `cols` entries, xs has cols/64. Grid: rows; block 256.
+template <int XM>
+__global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int64_t xoff, int64_t cols,
+                                                 __nv_bfloat16 *xh, __nv_bfloat16 *xl, float *xs) {
+    pdl_wait();
+    const int64_t r = blockIdx.x;
+    const float *xr = x + r * ldx;
+    // every thread runs every round (the group sum is a 16-lane shuffle); cols % 64 == 0
+    for (int64_t c0 = 0; c0 < cols; c0 += (int64_t)blockDim.x * 4) {
+        const int64_t c = c0 + (int64_t)threadIdx.x * 4;
+        const bool in = c < cols;
+        float4 v = in ? *(const float4 *)(xr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (XM == 1) {
+            const float4 u = in ? *(const float4 *)(xr + xoff + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            v.x = v.x / (1.0f + expf(-v.x)) * u.x;
+            v.y = v.y / (1.0f + expf(-v.y)) * u.y;
+            v.z = v.z / (1.0f + expf(-v.z)) * u.z;
+            v.w = v.w / (1.0f + expf(-v.w)) * u.w;
+        }
+        if (!in) v = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float e[4] = {v.x, v.y, v.z, v.w};
+        __nv_bfloat16 h[4], l[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            h[i] = __float2bfloat16(e[i]);
+            l[i] = __float2bfloat16(e[i] - __bfloat162float(h[i]));
+        }
+        if (in) {
+            *(uint2 *)(xh + r * cols + c) = *(const uint2 *)h;
+            *(uint2 *)(xl + r * cols + c) = *(const uint2 *)l;
+        }
+        // 16 consecutive threads cover one group of 64 columns
+        float s = (e[0] + e[1]) + (e[2] + e[3]);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (in && (threadIdx.x & 15) == 0) xs[r * (cols / 64) + c / 64] = s;
+    }
+}
+
+// y[yrow(n)][m] = sum_k W[m][k] x(n, k) for 4-bit affine W with group 64.
+// Grouped mode (offs != null): blockIdx.z is the expert (or, with two
+// matrices W0/W1 side by side, blockIdx.x beyond W0's tiles selects W1 and
+// writes at column offset y1off); its tokens are the routing slots
+// sorted[offs[e] .. offs[e+1]); the input row is slot / x_div, the output row
+// the slot. Plain mode: token n is row n of the input and of y.
+__global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int64_t y1off, const __nv_bfloat16 *xh,
+                                                 const __nv_bfloat16 *xl, const float *xs, float *y, int64_t ldy, int T,
+                                                 const int *offs, const int *sorted, int x_div) {
+    extern __shared__ __align__(16) unsigned char g4_smem[];
+    g4_stage *st = (g4_stage *)g4_smem;
+    __shared__ int xrow[G4_BN], yrow[G4_BN];
+    pdl_wait();
+    int mtile = blockIdx.x;
+    dmat W = W0;
+    int64_t ycol = 0;
+    if (mtile >= mt0) { W = W1; mtile -= mt0; ycol = y1off; }
+    int count = T, base = 0;
+    if (offs) {
+        base = offs[blockIdx.z];
+        count = offs[blockIdx.z + 1] - base;
+        W = dmat_expert(W, blockIdx.z);
+    }
+    const int n0 = blockIdx.y * G4_BN;
+    const int64_t m0 = (int64_t)mtile * G4_BM;
+    if (n0 >= count || m0 >= W.rows) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    if (tid < G4_BN) {
+        const int n = n0 + tid;
+        if (n < count) {
+            const int slot = offs ? sorted[base + n] : n;
+            xrow[tid] = offs ? slot / x_div : n;
+            yrow[tid] = slot;
+        } else {
+            xrow[tid] = -1;
+            yrow[tid] = -1;
+        }
+    }
+    __syncthreads();
+    const int64_t K = W.cols, wpr = K / 8, ng = K / 64;
+    const int nk = (int)(K / G4_BK);
+
+    // One stage: 128 rows x 32 B of codes (a 16-byte chunk per thread), 64 rows
+    // x 128 B of xh and of xl (4 chunks per thread), 64 group sums.
+    auto load_stage = [&](int kt, int sidx) {
+        g4_stage &S = st[sidx];
+        {
+            const int r = tid >> 1, h = tid & 1;
+            const bool ok = m0 + r < W.rows;
+            const uint32_t *src = W.q + (ok ? (m0 + r) * wpr + (int64_t)kt * 8 + h * 4 : 0);
+            cp_async16(&S.q[r * G4_QLD + h * 4], src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int c = tid + i * 256, part = c >> 9, cc = c & 511, n = cc >> 3, ch = cc & 7;
+            const int xr = xrow[n];
+            const __nv_bfloat16 *base_p = part ? xl : xh;
+            const __nv_bfloat16 *src = base_p + (xr >= 0 ? (int64_t)xr * K + (int64_t)kt * 64 + ch * 8 : 0);
+            cp_async16((part ? S.xl : S.xh) + n * G4_XLD + ch * 8, src, xr >= 0);
+        }
+        if (tid < G4_BN) {
+            const int xr = xrow[tid];
+            cp_async4(&S.xs[tid], xs + (xr >= 0 ? (int64_t)xr * ng + kt : 0), xr >= 0);
+        }
+    };
+
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    float acc[2][4][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[a][b][c] = 0.0f;
+
+    // scales and biases of this thread's 4 rows, one group ahead
+    int64_t rows_g[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t r = m0 + wm + (i >> 1) * 16 + (i & 1) * 8 + g;
+        rows_g[i] = r < W.rows ? r : W.rows - 1;
+    }
+    float sc[4], bi[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        sc[i] = __bfloat162float(W.s[rows_g[i] * ng]);
+        bi[i] = __bfloat162float(W.b[rows_g[i] * ng]);
+    }
+
+#pragma unroll
+    for (int s = 0; s < G4_STAGES - 1; s++) {
+        if (s < nk) load_stage(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<G4_STAGES - 2>();
+        __syncthreads();
+        {
+            const int kn = kt + G4_STAGES - 1;
+            if (kn < nk) load_stage(kn, kn % G4_STAGES);
+            cp_async_commit();
+        }
+        float nsc[4], nbi[4];
+        if (kt + 1 < nk) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                nsc[i] = __bfloat162float(W.s[rows_g[i] * ng + kt + 1]);
+                nbi[i] = __bfloat162float(W.b[rows_g[i] * ng + kt + 1]);
+            }
+        }
+        const g4_stage &S = st[kt % G4_STAGES];
+        float p[2][4][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) p[a][b][c] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int r0 = wm + mt * 16 + g;
+                const uint2 w0 = *(const uint2 *)&S.q[r0 * G4_QLD + 2 * ks];
+                const uint2 w1 = *(const uint2 *)&S.q[(r0 + 8) * G4_QLD + 2 * ks];
+                af[mt][0] = nib2_bf16(w0.x, t);
+                af[mt][1] = nib2_bf16(w1.x, t);
+                af[mt][2] = nib2_bf16(w0.y, t);
+                af[mt][3] = nib2_bf16(w1.y, t);
+            }
+            uint32_t bh[4][2], bl[4][2];
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                const int n = wn + np * 16 + (lane & 7) + ((lane >> 4) << 3), k = ks * 16 + (((lane >> 3) & 1) << 3);
+                ldmatrix_x4(bh[2 * np][0], bh[2 * np][1], bh[2 * np + 1][0], bh[2 * np + 1][1], &S.xh[n * G4_XLD + k]);
+                ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    mma_bf16(p[mt][nt], af[mt], bl[nt][0], bl[nt][1]);
+                    mma_bf16(p[mt][nt], af[mt], bh[nt][0], bh[nt][1]);
+                }
+        }
+        // fold the group: acc += s * p + b * xs
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const float x0 = S.xs[wn + nt * 8 + 2 * t], x1 = S.xs[wn + nt * 8 + 2 * t + 1];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const float s0 = sc[mt * 2], b0 = bi[mt * 2], s1 = sc[mt * 2 + 1], b1 = bi[mt * 2 + 1];
+                acc[mt][nt][0] += s0 * p[mt][nt][0] + b0 * x0;
+                acc[mt][nt][1] += s0 * p[mt][nt][1] + b0 * x1;
+                acc[mt][nt][2] += s1 * p[mt][nt][2] + b1 * x0;
+                acc[mt][nt][3] += s1 * p[mt][nt][3] + b1 * x1;
+            }
+        }
+        if (kt + 1 < nk) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) { sc[i] = nsc[i]; bi[i] = nbi[i]; }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int64_t m = m0 + wm + mt * 16 + g + (c >> 1) * 8;
+                const int n = wn + nt * 8 + 2 * t + (c & 1);
+                if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + ycol + m] = acc[mt][nt][c];
+            }
+}
+
+// Usable for a matrix: 4-bit affine, group 64, a whole number of 64-column groups.
+__host__ __device__ inline bool g4_ok(const dmat &W) {
+    return W.type == 0 && W.bits == 4 && W.group == 64 && W.cols % 64 == 0;
+}
