@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Per-kernel timings of prefill and decode with Nsight Compute on a 4-layer
-# real-dimension synth checkpoint (run on the device: `bash tools/device/profile.sh`).
+# Per-kernel timings of one decode step with Nsight Compute (run on the device:
+# `bash tools/device/profile.sh [MODEL_DIR]`; default: a 4-layer real-dimension
+# synth checkpoint). A one-token prompt makes the first forward pass run exactly
+# the decode kernels (outside the graph), which are the ones profiled.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
@@ -9,32 +11,37 @@ if [ -d .devdeps/root ]; then
     export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
 fi
 export PATH=/usr/local/cuda/bin:$PATH
-make -j"$(nproc)" WERROR= build/lilac >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
-IDS=$(seq -s, 1 200)
-(nvidia-smi dmon -s c -d 1 > "$OUT/clocks.txt" 2>&1 &)
-# Skip the prefill kernels; profile the kernels of the first decode steps.
-ncu --clock-control none --print-summary per-kernel --csv --section SpeedOfLight --section LaunchStats --section Occupancy \
-    --launch-skip ${SKIP:-75} --launch-count ${COUNT:-120} \
-    ./build/lilac generate --model /tmp/syn4 --backend cuda --ids "$IDS" --max-tokens 6 > "$OUT/ncu.csv" 2>"$OUT/ncu.err"
+[ -x build/lilac ] || make -j"$(nproc)" WERROR= build/lilac >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+MODEL=${1:-}
+if [ -z "$MODEL" ]; then MODEL=/tmp/syn4; ./build/lilac synth --out $MODEL --layers 4 --vocab 8192 --seed 1; fi
+# --cache-control none: kernels see the L2 as the previous kernel left it, as in a real step.
+ncu --clock-control none --cache-control none --print-summary none --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,launch__grid_size,launch__registers_per_thread \
+    --launch-count ${COUNT:-400} \
+    ./build/lilac generate --model "$MODEL" --backend cuda --ids 1 --max-tokens 1 > "$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY'
 import csv, sys, collections
-rows = list(csv.reader(open(sys.argv[1])))
-hdr = None
-for i, r in enumerate(rows):
-    if r and r[0] == 'ID': hdr = i; break
-if hdr is None:
-    print(open(sys.argv[1]).read()[-3000:]); sys.exit()
-H = rows[hdr]; data = rows[hdr + 1:]
-ki = H.index('Kernel Name'); mi = H.index('Metric Name'); ai = H.index('Average') if 'Average' in H else H.index('Metric Value')
-ci = H.index('Invocations') if 'Invocations' in H else None
-out = collections.defaultdict(dict)
+rows = [r for r in csv.reader(open(sys.argv[1])) if r]
+hdr = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
+H = rows[hdr]; data = rows[hdr + 2:]  # second header row holds units
+col = {n: H.index(n) for n in H}
+def f(r, n):
+    try: return float(r[col[n]].replace(',', ''))
+    except Exception: return 0.0
+tot = collections.defaultdict(lambda: [0, 0.0, 0.0])
+seq = []
 for r in data:
-    if len(r) <= max(ki, mi, ai): continue
-    out[r[ki]][r[mi]] = (r[ai], r[ci] if ci is not None else '')
-for k, m in sorted(out.items(), key=lambda kv: -float((kv[1].get('Duration', ('0',''))[0] or '0').replace(',', ''))):
-    d = m.get('Duration', ('?', ''))
-    print(f"{k[:60]:60s} n={d[1]:>5s} dur={d[0]:>10s} dram={m.get('Memory Throughput', ('?',''))[0]:>6s}% sm={m.get('Compute (SM) Throughput', ('?',''))[0]:>6s}%")
+    name = r[col['Kernel Name']].split('(')[0][:48]
+    us = f(r, 'gpu__time_duration.sum') / 1e3
+    mb = f(r, 'dram__bytes.sum') / 1e6
+    t = tot[name]; t[0] += 1; t[1] += us; t[2] += mb
+    seq.append((name, us, mb, f(r, 'dram__throughput.avg.pct_of_peak_sustained_elapsed'), f(r, 'launch__grid_size'), f(r, 'launch__registers_per_thread')))
+all_us = sum(t[1] for t in tot.values())
+print(f"{len(seq)} kernels, {all_us:.1f} us in total (serialised)")
+for n, (c, us, mb) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+    print(f"{n:48s} n={c:4d} total {us:8.1f} us  avg {us/c:6.2f} us  {mb/c:7.2f} MB/launch  {mb/max(us,1e-9)*1e-3*1e3:6.0f} GB/s")
+print("first 40 launches:")
+for n, us, mb, pct, grid, regs in seq[:40]:
+    print(f"  {n:48s} {us:7.2f} us {mb:7.2f} MB dram {pct:5.1f}% grid {grid:6.0f} regs {regs:4.0f}")
 PY
-sort -k3 -n "$OUT/clocks.txt" | tail -3

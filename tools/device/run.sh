@@ -3,7 +3,7 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full]      (default: full)
+#   bash tools/device/run.sh [quick|full|bench|profile]      (default: full)
 #
 # Inputs it can use when present (carried by the device tool, git-ignored):
 #   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
@@ -36,6 +36,14 @@ step() {  # name cmd...
     return $rc
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+
+if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) and decode kernels (Nsight Compute)
+    step synth-full ./build/lilac synth --out /tmp/full --seed 7
+    LILAC_PROFILE=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-4096} --rounds 1 \
+        --decode-steps 4 2>&1 | grep -E "profile T=|prefill/s|^ +[0-9]" | head -8
+    COUNT=${COUNT:-360} bash tools/device/profile.sh /tmp/full 2>&1 | head -${LINES_MAX:-90}
+    exit 0
+fi
 
 # 1. Correctness: CUDA against the CPU reference.
 [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
