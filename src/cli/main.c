@@ -16,7 +16,7 @@ static const command commands[] = {
     {"info", cmd_info, "info --model DIR                     format, geometry, bytes per component"},
     {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy   teacher-forced logits [T,vocab] f32"},
     {"generate", cmd_generate, "generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat]) --max-tokens N   greedy"},
-    {"synth", cmd_synth, "synth --out DIR [--seed S] [--layers N] [--vocab V]   random full-geometry 4-bit checkpoint"},
+    {"synth", cmd_synth, "synth --out DIR [--seed S] [--layers N] [--vocab V] [--router random|ties|one|skew]   random full-geometry 4-bit checkpoint (--help)"},
     {"bench", cmd_bench, "bench --model DIR [--prompt-lens 256,...] [--decode-steps 64] [--rounds 3] [--json F]"},
     {"tokenize", cmd_tokenize, "tokenize --tokenizer PATH|--model DIR [--file F] [--special] [--jsonl]   ids of UTF-8 text"},
     {"detokenize", cmd_detokenize, "detokenize --tokenizer PATH|--model DIR [--ids 1,2,3|--file F] [--skip-special]   text of ids"},

@@ -42,6 +42,12 @@ static uint64_t rng_next(lilac_rng *r) {
 
 double lilac_rng_uniform(lilac_rng *r) { return (double)(rng_next(r) >> 11) * (1.0 / 9007199254740992.0); }
 
+uint64_t lilac_sampling_seed(const lilac_sampling *p) {
+    if (p->has_seed) return p->seed;
+    static uint64_t counter;
+    return (uint64_t)(lilac_now() * 1e9) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
+}
+
 void lilac_sampler_init(lilac_sampler *s, int64_t vocab) {
     memset(s, 0, sizeof *s);
     s->vocab = vocab;
@@ -64,12 +70,7 @@ void lilac_sampler_begin(lilac_sampler *s, const lilac_sampling *p, const int32_
     memset(s->seen, 0, (size_t)s->vocab);
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] >= 0 && prompt[i] < s->vocab) s->seen[prompt[i]] = 1;
-    uint64_t seed = p->seed;
-    if (!p->has_seed) {
-        static uint64_t counter;
-        seed = (uint64_t)(lilac_now() * 1e9) ^ (__atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED) * 0x9e3779b97f4a7c15ull);
-    }
-    lilac_rng_seed(&s->rng, seed);
+    lilac_rng_seed(&s->rng, lilac_sampling_seed(p));
 }
 
 void lilac_sampler_accept(lilac_sampler *s, int32_t tok) {
@@ -115,8 +116,12 @@ int32_t lilac_sample(lilac_sampler *s, const lilac_sampling *p, const float *log
     if (rep || pf)
         for (int64_t i = 0; i < V; i++) {
             if (rep && s->seen[i]) w[i] = w[i] > 0 ? w[i] / p->repetition_penalty : w[i] * p->repetition_penalty;
-            if (pf && s->out_count[i])
-                w[i] -= p->presence_penalty + p->frequency_penalty * (float)s->out_count[i];
+            if (pf && s->out_count[i]) {
+                /* two statements: no compiler may fuse them into an fma (the CUDA sampler
+                 * rounds the product and the sum separately too) */
+                const float f = p->frequency_penalty * (float)s->out_count[i];
+                w[i] -= p->presence_penalty + f;
+            }
         }
     for (int64_t i = 0; i < V; i++)
         if (isnan(w[i])) w[i] = -INFINITY;
@@ -130,6 +135,7 @@ int32_t lilac_sample(lilac_sampler *s, const lilac_sampling *p, const float *log
     int n = 0;
     for (int64_t i = 0; i < V; i++)
         if ((w[i] - mx) / T > -30.0f) s->idx[n++] = (int32_t)i;
+    if (n == 0) return (int32_t)best; /* every logit -inf/NaN, or +inf: nothing to draw from */
     if (p->top_k > 0 && p->top_k < n) n = top_k_select(w, s->idx, n, p->top_k);
     else qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, w);
     /* softmax over the candidates, in place of w (probabilities) */

@@ -20,6 +20,8 @@ typedef struct {
 } lilac_sampling;
 
 void lilac_sampling_default(lilac_sampling *p);
+/* The generator seed of a request: p->seed, or a fresh one when !has_seed. */
+uint64_t lilac_sampling_seed(const lilac_sampling *p);
 
 typedef struct {
     uint64_t s[4];

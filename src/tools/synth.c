@@ -6,7 +6,10 @@
  * Weights are drawn directly in quantised form: uniform 4-bit (8-bit) codes,
  * and per group a scale s = ±sigma/sd(q) and bias b = -s*mean(q), so every
  * matrix has zero-mean entries of standard deviation sigma = gain/sqrt(fan_in)
- * and activations stay in a realistic range through all 40 layers. */
+ * and activations stay in a realistic range through all 40 layers.
+ *
+ * `--router` changes only the router rows (and, for `one`/`skew`, the embedding
+ * biases): see lilac_synth_router in synth.h. The default output is unchanged. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -28,11 +31,14 @@ typedef struct {
     int kind;       /* what to fill it with, see fill() */
     float sigma;    /* matrix entry std (codes) or value scale */
     int bits;       /* for codes/scales/biases of quantised matrices */
+    int role;       /* R_*: the tensors --router modes change */
+    int layer;      /* of a router */
     int shard;
     size_t offset, nbytes;
 } spec;
 
 enum { K_CODES, K_SCALES, K_BIASES, K_GAIN, K_CONV, K_ALOG, K_DTBIAS, K_ONES };
+enum { R_NONE, R_EMBED, R_ROUTER };
 
 typedef struct {
     spec *v;
@@ -71,6 +77,46 @@ static void add_q(specs *S, const char *base, int64_t E, int64_t rows, int64_t c
     add(S, n, ST_BF16, nd, a, b2, c2, K_BIASES, sigma, bits);
 }
 
+/* The last quantised matrix added (its .weight, .scales, .biases) plays `role` (in `layer`). */
+static void mark(specs *S, int role, int layer) {
+    for (int i = S->n - 3; i < S->n; i++) {
+        S->v[i].role = role;
+        S->v[i].layer = layer;
+    }
+}
+
+int lilac_synth_router_parse(const char *name) {
+    static const char *names[] = {"random", "ties", "one", "skew"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, names[i])) return i;
+    return -1;
+}
+
+const char *lilac_synth_router_name(lilac_synth_router r) {
+    switch (r) {
+    case LILAC_ROUTER_RANDOM: return "random";
+    case LILAC_ROUTER_TIES: return "ties";
+    case LILAC_ROUTER_ONE: return "one";
+    case LILAC_ROUTER_SKEW: return "skew";
+    }
+    return "?";
+}
+
+int lilac_synth_one_expert(int E) { return E > 0 ? (E / 2 + 3) % E : 0; }
+
+float lilac_synth_router_shift(lilac_synth_router r, int E, int e) {
+    if (r == LILAC_ROUTER_ONE) return e == lilac_synth_one_expert(E) ? 10.0f : 0.0f;
+    if (r != LILAC_ROUTER_SKEW) return 0.0f;
+    /* Hot experts at the ends of the warp-sized index blocks (the CUDA router keeps
+     * expert lane + 32u in lane `lane`), strongest first; every other expert whose
+     * index is not a multiple of 4 is cold, the rest keep their random rows. */
+    const int hot[8] = {5, E / 4 - 1, E / 4, E / 2 - 1, E / 2, 25 * E / 32, E - 2, E - 1};
+    const float mu[8] = {6.0f, 5.0f, 4.0f, 3.0f, 2.5f, 2.0f, 1.5f, 1.0f};
+    for (int i = 0; i < 8; i++)
+        if (e == hot[i]) return mu[i];
+    return e % 4 ? -8.0f : 0.0f;
+}
+
 /* splitmix64: a counter-based generator, so any element is reproducible. */
 static inline uint64_t mix(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -82,14 +128,28 @@ static inline float unif(uint64_t key) { return (float)((mix(key) >> 40) * (1.0 
 
 /* Fill spec s (index si) into buf. Scales and biases of a group come from the
  * same key so that s and b match; biases centre the codes' mean. */
-static void fill(const spec *s, int si, uint64_t seed, void *buf) {
+static void fill(const spec *s, int si, uint64_t seed, lilac_synth_router router, void *buf) {
     const uint64_t base = mix(seed * 1000003ull + (uint64_t)si * 7919ull);
     size_t n = s->nbytes / st_dtype_size(s->dtype);
+    /* TIES: every router row repeats row 0 (elements keyed by their column only). */
+    const size_t row_len = (size_t)s->shape[1];
+    const bool tie = router == LILAC_ROUTER_TIES && s->role == R_ROUTER;
+    const bool offset = router == LILAC_ROUTER_ONE || router == LILAC_ROUTER_SKEW;
     if (s->kind == K_CODES) {
         uint32_t *u = buf;
-        for (size_t i = 0; i < n; i++) u[i] = (uint32_t)mix(base + i);
+        for (size_t i = 0; i < n; i++) u[i] = (uint32_t)mix(base + (tie ? i % row_len : i));
         return;
     }
+    /* ONE/SKEW: the router bias shift per unit of logit shift. A token's normalised
+     * hidden state carries the embedding offset c as c/sqrt(1+c^2) per entry
+     * (entries of sd 1 plus c, RMS-normalised), so raising every bias of a router
+     * row by a adds a*H*c/sqrt(1+c^2) to its logit. Each layer's output dilutes
+     * that share of the residual stream: measured on the CPU reference at the real
+     * dimensions, the mean entry of the normalised MoE input falls as about
+     * 0.43/sqrt(1 + 0.37*layer) (0.43, 0.29, 0.20 at layers 0, 3, 11), so the
+     * shift grows with depth by sqrt(1 + layer/3) to keep the skew through all 40. */
+    const float c = LILAC_SYNTH_EMBED_OFFSET;
+    const float per_logit = sqrtf(1.0f + (float)s->layer / 3.0f) / ((float)row_len * 64.0f * c / sqrtf(1.0f + c * c));
     uint16_t *h = buf;
     float *f = buf;
     const float levels = (float)((1 << s->bits) - 1);
@@ -101,10 +161,13 @@ static void fill(const spec *s, int si, uint64_t seed, void *buf) {
         case K_SCALES:
         case K_BIASES: {
             const int owner = s->kind == K_SCALES ? si - 1 : si - 2; /* the .weight spec index */
-            const uint64_t gk = mix(seed * 1000003ull + (uint64_t)owner * 7919ull + 0x5151) + i;
+            const uint64_t gk = mix(seed * 1000003ull + (uint64_t)owner * 7919ull + 0x5151) + (tie ? i % row_len : i);
             const float jitter = 0.75f + 0.5f * unif(gk);
             const float sc = (unif(gk ^ 0xabcdef) < 0.5f ? -1.0f : 1.0f) * s->sigma * jitter / q_sd;
             v = s->kind == K_SCALES ? sc : -sc * levels * 0.5f;
+            if (s->kind == K_BIASES && offset && s->role == R_EMBED) v += c;
+            if (s->kind == K_BIASES && offset && s->role == R_ROUTER)
+                v += per_logit * lilac_synth_router_shift(router, (int)s->shape[0], (int)(i / row_len));
             h[i] = f32_to_bf16(v);
             break;
         }
@@ -157,6 +220,7 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
     specs S = {0};
     char p[160], n[200];
     add_q(&S, "language_model.model.embed_tokens", 0, c->vocab, H, 4, 1.0f * sqrtf((float)H));
+    mark(&S, R_EMBED, 0);
     add_q(&S, "language_model.lm_head", 0, c->vocab, H, 4, 2.0f);
     add(&S, "language_model.model.norm.weight", ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
     for (int l = 0; l < c->n_layers; l++) {
@@ -183,6 +247,7 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
             add(&S, N("self_attn.k_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
         }
         add_q(&S, N("mlp.gate"), 0, E, H, 8, 1.0f);
+        mark(&S, R_ROUTER, l);
         add_q(&S, N("mlp.shared_expert_gate"), 0, 1, H, 8, 1.0f);
         add_q(&S, N("mlp.shared_expert.gate_proj"), 0, SI, H, 4, 1.0f);
         add_q(&S, N("mlp.shared_expert.up_proj"), 0, SI, H, 4, 1.0f);
@@ -254,7 +319,7 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
         const spec *s = &S.v[i];
         void *buf = malloc(s->nbytes ? s->nbytes : 1);
         if (!buf) { failed++; continue; }
-        fill(s, i, (uint64_t)seed, buf);
+        fill(s, i, (uint64_t)seed, o->router, buf);
         size_t done = 0;
         while (done < s->nbytes) {
             ssize_t w = pwrite(fds[s->shard], (char *)buf + done, s->nbytes - done, (off_t)(hdr[s->shard] + s->offset + done));
@@ -289,14 +354,48 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
     return 0;
 }
 
+static const char synth_help[] =
+    "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE]\n"
+    "\n"
+    "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
+    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
+    "\n"
+    "  --out DIR       the checkpoint directory (created)\n"
+    "  --seed S        default 0\n"
+    "  --layers N      1..40 (default 40)\n"
+    "  --vocab V       a positive multiple of 64 (default 248320)\n"
+    "  --router MODE   how the routers spread tokens over the 256 experts (default random);\n"
+    "                  each mode is what the 8-bit affine router format can express:\n"
+    "    random  every router row random: tokens spread evenly; the default, unchanged output\n"
+    "    ties    every router row identical: every token's router logits tie exactly, so the\n"
+    "            lowest-index rule routes every token to experts 0..7 (weight 1/8 each) and the\n"
+    "            other 248 experts are empty, in every layer\n"
+    "    one     expert 131 dominates: nearly every token picks it first (its logit raised by\n"
+    "            ~10 sd of the others); the other experts stay random\n"
+    "    skew    8 hot experts (5, 63, 64, 127, 128, 200, 254, 255; logits raised by 6 down to 1)\n"
+    "            take most picks, 187 cold ones (index not a multiple of 4) are never picked,\n"
+    "            the other 61 stay random: most experts empty for short prompts\n"
+    "                  one and skew also give every embedding group's bias a shared offset of\n"
+    "                  +0.5 (the entries have sd 1): the direction the hot rows point along, since\n"
+    "                  the router has no bias term. The layers' outputs dilute it with depth, so\n"
+    "                  the skew is strongest in the first layers.\n";
+
 int cmd_synth(int argc, char **argv) {
-    const char *out = NULL;
+    const char *out = NULL, *router = "random";
     long seed = 0, layers = 40, vocab = 0;
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(synth_help, stdout);
+            return 0;
+        }
         if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
-            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab))
+            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab) &&
+            !opt_str(argc, argv, &i, "--router", &router))
             opt_unknown("synth", argv[i]);
-    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V]");
+    }
+    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE] (see lilac synth --help)");
+    const int mode = lilac_synth_router_parse(router);
+    if (mode < 0) lilac_die("--router must be random, ties, one or skew (got \"%s\")", router);
     lilac_config c;
     lilac_config_real(&c);
     if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
@@ -305,7 +404,10 @@ int cmd_synth(int argc, char **argv) {
         if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
         c.vocab = vocab;
     }
-    lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull};
+    char note[64];
+    snprintf(note, sizeof note, "lilac synth --router %s", router);
+    lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull, .router = (lilac_synth_router)mode,
+                          .config_note = mode ? note : NULL};
     lilac_err err = {{0}};
     if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
     lilac_config_free(&c);

@@ -76,12 +76,14 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 }
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+                 : "r"(addr)
+                 : "memory");
 }
 
 // D += A(16x16, row) * B(16x8, col), bf16 in, f32 accumulate.
@@ -116,10 +118,11 @@ __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], con
 // lilac_fa::geom<HD>::smem bytes of dynamic shared memory.
 template <int HD>
 __global__ void __launch_bounds__(lilac_fa::NT, 1)
-    k_attn_prefill(const float *__restrict__ qg, const float *__restrict__ kc, const float *__restrict__ vc,
-                   const int *__restrict__ d_pos, int T, int nh, int nkv, float *__restrict__ out) {
-    using namespace lilac_fa;
-    using G = geom<HD>;
+    k_attn_prefill(const float *qg, const float *kc, const float *vc, const int *d_pos, int T, int nh, int nkv,
+                   float *out) {
+    namespace fa = lilac_fa;
+    using G = fa::geom<HD>;
+    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT;
     constexpr int LDS = G::LDS, CPR = G::CPR;
     pdl_wait();
 
@@ -154,10 +157,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             const int kg = j * BN + key;
             const bool ok = kg < kv_end;
             const int64_t off = ok ? (int64_t)kg * kvw + col : 0;
-            cp_async16(smem_u32(Ks + c * 4), kbase + off, ok ? 16 : 0);
-            cp_async16(smem_u32(Vs + c * 4), vbase + off, ok ? 16 : 0);
+            fa::cp_async16(fa::smem_u32(Ks + c * 4), kbase + off, ok ? 16 : 0);
+            fa::cp_async16(fa::smem_u32(Vs + c * 4), vbase + off, ok ? 16 : 0);
         }
-        cp_async_commit();
+        fa::cp_async_commit();
     };
     // Convert this thread's own staged chunks into the hi/lo bf16 tiles.
     auto convert_tile = [&]() {
@@ -167,12 +170,12 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             const float4 k4 = *reinterpret_cast<const float4 *>(Ks + c * 4);
             const float4 v4 = *reinterpret_cast<const float4 *>(Vs + c * 4);
             uint2 hi, lo;
-            split2(k4.x, k4.y, hi.x, lo.x);
-            split2(k4.z, k4.w, hi.y, lo.y);
+            fa::split2(k4.x, k4.y, hi.x, lo.x);
+            fa::split2(k4.z, k4.w, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Kh + key * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Kl + key * LDS + col) = lo;
-            split2(v4.x, v4.y, hi.x, lo.x);
-            split2(v4.z, v4.w, hi.y, lo.y);
+            fa::split2(v4.x, v4.y, hi.x, lo.x);
+            fa::split2(v4.z, v4.w, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Vh + key * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Vl + key * LDS + col) = lo;
         }
@@ -190,13 +193,13 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
             uint2 hi, lo;
-            split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
-            split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
+            fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
     }
-    cp_async_wait_all();
+    fa::cp_async_wait_all();
     convert_tile();
     __syncthreads();
     if (ntiles > 1) issue_tile(1);
@@ -206,9 +209,9 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     const int q_off = (wr + (lane & 15)) * LDS + (lane >> 4) * 8;                  // A: rows, k
     const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8; // B from K rows
     const int v_off = (lane & 15) * LDS + (lane >> 4) * 8;                         // B from V (trans)
-    const uint32_t sQh = smem_u32(Qh) + 2u * q_off, sQl = smem_u32(Ql) + 2u * q_off;
-    const uint32_t sKh = smem_u32(Kh) + 2u * k_off, sKl = smem_u32(Kl) + 2u * k_off;
-    const uint32_t sVh = smem_u32(Vh) + 2u * v_off, sVl = smem_u32(Vl) + 2u * v_off;
+    const uint32_t sQh = fa::smem_u32(Qh) + 2u * q_off, sQl = fa::smem_u32(Ql) + 2u * q_off;
+    const uint32_t sKh = fa::smem_u32(Kh) + 2u * k_off, sKl = fa::smem_u32(Kl) + 2u * k_off;
+    const uint32_t sVh = fa::smem_u32(Vh) + 2u * v_off, sVl = fa::smem_u32(Vl) + 2u * v_off;
 
     const int g = lane >> 2, tq = lane & 3;
     const int lim0 = pos + q0 + wr + g, lim1 = lim0 + 8; // last key of rows g, g + 8
@@ -229,15 +232,15 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t qh[4], ql[4];
-            ldsm_x4(qh, sQh + 2u * (kk * 16));
-            ldsm_x4(ql, sQl + 2u * (kk * 16));
+            fa::ldsm_x4(qh, sQh + 2u * (kk * 16));
+            fa::ldsm_x4(ql, sQl + 2u * (kk * 16));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t bh[4], bl[4];
-                ldsm_x4(bh, sKh + 2u * (np * 16 * LDS + kk * 16));
-                ldsm_x4(bl, sKl + 2u * (np * 16 * LDS + kk * 16));
-                mma3(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
-                mma3(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
+                fa::ldsm_x4(bh, sKh + 2u * (np * 16 * LDS + kk * 16));
+                fa::ldsm_x4(bl, sKl + 2u * (np * 16 * LDS + kk * 16));
+                fa::mma3(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
+                fa::mma3(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
             }
         }
         float s[BN / 8][4];
@@ -297,23 +300,23 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
             uint32_t ph[4], pl[4];
-            split2(s[2 * ks][0], s[2 * ks][1], ph[0], pl[0]);
-            split2(s[2 * ks][2], s[2 * ks][3], ph[1], pl[1]);
-            split2(s[2 * ks + 1][0], s[2 * ks + 1][1], ph[2], pl[2]);
-            split2(s[2 * ks + 1][2], s[2 * ks + 1][3], ph[3], pl[3]);
+            fa::split2(s[2 * ks][0], s[2 * ks][1], ph[0], pl[0]);
+            fa::split2(s[2 * ks][2], s[2 * ks][3], ph[1], pl[1]);
+            fa::split2(s[2 * ks + 1][0], s[2 * ks + 1][1], ph[2], pl[2]);
+            fa::split2(s[2 * ks + 1][2], s[2 * ks + 1][3], ph[3], pl[3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t vh[4], vl[4];
-                ldsm_x4_t(vh, sVh + 2u * (ks * 16 * LDS + dp * 16));
-                ldsm_x4_t(vl, sVl + 2u * (ks * 16 * LDS + dp * 16));
-                mma3(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
-                mma3(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+                fa::ldsm_x4_t(vh, sVh + 2u * (ks * 16 * LDS + dp * 16));
+                fa::ldsm_x4_t(vl, sVl + 2u * (ks * 16 * LDS + dp * 16));
+                fa::mma3(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
+                fa::mma3(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
             }
         }
 
         // ---- next tile: staged f32 -> hi/lo bf16 tiles; start the copy of the one after
         if (j + 1 < ntiles) {
-            cp_async_wait_all();
+            fa::cp_async_wait_all();
             __syncthreads(); // every warp is done with this tile's K/V
             convert_tile();
             __syncthreads(); // next tile's K/V ready; staging reads done

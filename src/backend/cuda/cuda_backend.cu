@@ -334,6 +334,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         return nullptr;
     }
     lilac_session *s = new lilac_session();
+    prof.on = getenv("LILAC_PROFILE") != nullptr;
     s->m = m;
     s->max_seq = max_seq;
     for (dmodel *D : g_models)
@@ -348,7 +349,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     }
     const int64_t H = c->hidden, C = CHUNK, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), K = c->top_k;
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
-    bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess;
+    bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess &&
+              cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);
