@@ -63,8 +63,8 @@ through whatever transformers picks (flash-linear-attention / causal-conv1d if i
 else its PyTorch reference path: reported). Per prompt length: the prompt of `lilac bench`
 (same ids), an exact-shape warm-up, then per round a fresh cache, one prefill
 (`logits_to_keep=1`, as generate does) and --decode-steps greedy steps
-(`model(next, past_key_values=cache, use_cache=True)`, argmax on the device, no host sync
-inside the loop), timed with torch.cuda.synchronize; median over --rounds; the FNV-1a digest
+(`model(next, position_ids=p, past_key_values=cache, use_cache=True)`, positions passed as
+generate() passes them, argmax on the device, no host sync inside the loop), timed with torch.cuda.synchronize; median over --rounds; the FNV-1a digest
 of the decoded ids, computed as `lilac bench` computes its digest (the digests agree only
 where both produce the same tokens). Prints a table shaped like `lilac bench` and
 optionally JSON (--json, schema like lilac bench's, backend "hf-transformers").
@@ -567,20 +567,23 @@ def bench(a):
     results = []
     for L in lens:
         ids = torch.tensor([synth_ids(L, V)], device=dev)
+        pos_prefill = torch.arange(L, device=dev)[None]  # explicit positions, as generate() passes them
         pre, dec, digests = [], [], []
         for r in range(-1, a.rounds):  # r = -1: the exact-shape warm-up
             steps = min(a.decode_steps, 4) if r < 0 else a.decode_steps
             with torch.inference_mode():
                 sync(dev)
                 t0 = time.perf_counter()
-                out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+                out = model(input_ids=ids, position_ids=pos_prefill, use_cache=True, logits_to_keep=1)
                 cache = out.past_key_values
                 nxt = out.logits[:, -1].argmax(-1)
                 sync(dev)
                 t1 = time.perf_counter()
                 toks = []
+                pos = pos_prefill[:, -1:]
                 for _ in range(steps):
-                    out = model(input_ids=nxt[:, None], past_key_values=cache, use_cache=True)
+                    pos = pos + 1
+                    out = model(input_ids=nxt[:, None], position_ids=pos, past_key_values=cache, use_cache=True)
                     nxt = out.logits[:, -1].argmax(-1)
                     toks.append(nxt)
                 sync(dev)

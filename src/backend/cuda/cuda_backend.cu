@@ -244,6 +244,8 @@ struct lilac_session {
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
+    int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
+    int *n_tiles;
     // decode
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
@@ -387,7 +389,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         w = std::max(w, K * c->moe_inter);
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
-             cudaFuncSetAttribute(k_gemm_q4, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)G4_SMEM) == cudaSuccess;
+             dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
+             cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
+             cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess;
     }
     ok = ok && cudaMallocHost((void **)&s->h_pinned, sizeof(int) * (C + 1)) == cudaSuccess &&
          cudaHostAlloc((void **)&s->ring, sizeof(int) * RING, cudaHostAllocMapped) == cudaSuccess &&
@@ -491,6 +495,33 @@ static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, 
 
 // y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
 // accum (one token only): y += W x.
+// The quantized tensor-core GEMM (cuda_gemm.cuh) for n matrices of the same bit
+// width reading the split input now in xh/xl. Grouped (max_tiles > 0): over the
+// expert tile map, at most max_tiles entries.
+static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, int T, const int *offs,
+                  int max_tiles, int x_div, lilac_err *err) {
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = n;
+    for (int i = 0; i < n; i++) {
+        j.W[i] = W[i];
+        j.y[i] = y[i];
+        j.ldy[i] = ldy[i];
+        j.start[i + 1] = j.start[i] + (int)((W[i].rows + G4_BM - 1) / G4_BM);
+    }
+    const dim3 g((unsigned)j.start[n], max_tiles > 0 ? (unsigned)max_tiles : (unsigned)((T + G4_BN - 1) / G4_BN));
+    const int2 *tiles = max_tiles > 0 ? s->tiles : nullptr;
+    const int *nt = max_tiles > 0 ? s->n_tiles : nullptr;
+    if (W[0].bits == 8)
+        pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, (const __nv_bfloat16 *)s->xh, (const __nv_bfloat16 *)s->xl,
+                   (const float *)s->xsum, T, offs, (const int *)s->sorted, tiles, nt, x_div);
+    else
+        pdl_launch(s, k_gemm_q<4>, g, 256, g4_smem<4>(), j, (const __nv_bfloat16 *)s->xh, (const __nv_bfloat16 *)s->xl,
+                   (const float *)s->xsum, T, offs, (const int *)s->sorted, tiles, nt, x_div);
+    CKL();
+    return 0;
+}
+
 // split_ready: xh/xl already hold the split of x (several matrices read one input).
 static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
                   int xm, int64_t xoff, lilac_err *err, int accum = 0, bool split_ready = false) {
@@ -501,11 +532,7 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
     }
     if (g4_ok(W)) {
         if (!split_ready && split_x(s, x, ldx, xoff, xm, T, W.cols, err) < 0) return -1;
-        const dim3 g4((unsigned)((W.rows + G4_BM - 1) / G4_BM), (unsigned)((T + G4_BN - 1) / G4_BN), 1);
-        pdl_launch(s, k_gemm_q4, g4, 256, G4_SMEM, W, W, (int)g4.x, (int64_t)0, s->xh, s->xl, s->xsum, y, ldy, T,
-                   (const int *)nullptr, (const int *)nullptr, 1);
-        CKL();
-        return 0;
+        return gemm_q(s, 1, &W, &y, &ldy, T, nullptr, 0, 1, err);
     }
     dim3 g((unsigned)((W.rows + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), 1);
     if (xm == XM_SWIGLU) pdl_launch(s, k_gemm_tc<XM_SWIGLU>, g, 128, 0, W, x, ldx, xoff, y, ldy, T, nullptr, nullptr, 1);
@@ -522,11 +549,22 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
                       const float *gain, float *xn_out, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
+        // one split of xn; one GEMM launch per bit width for the quantized matrices
         bool split = false;
-        for (int i = 0; i < n; i++) {
-            if (matmul(s, W[i], s->xn, H, y[i], ldy[i], T, XM_PLAIN, 0, err, 0, split) < 0) return -1;
-            split = split || g4_ok(W[i]);
+        for (int bits = 4; bits <= 8; bits += 4) {
+            dmat Wq[G4_MATS];
+            float *yq[G4_MATS];
+            int64_t lq[G4_MATS];
+            int nq = 0;
+            for (int i = 0; i < n; i++)
+                if (g4_ok(W[i]) && W[i].bits == bits) { Wq[nq] = W[i]; yq[nq] = y[i]; lq[nq++] = ldy[i]; }
+            if (!nq) continue;
+            if (!split && split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
+            split = true;
+            if (gemm_q(s, nq, Wq, yq, lq, T, nullptr, 0, 1, err) < 0) return -1;
         }
+        for (int i = 0; i < n; i++)
+            if (!g4_ok(W[i]) && matmul(s, W[i], s->xn, H, y[i], ldy[i], T, XM_PLAIN, 0, err) < 0) return -1;
         return 0;
     }
     gemv_job j = job_of(n, W, y, ldy);
@@ -687,24 +725,23 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
         shared_done = jd.n == 2;
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
-        pdl_launch(s, k_moe_scan, 1, 32, 0, s->counts, E, s->offs, s->cursor);
+        pdl_launch(s, k_moe_scan, 1, 32, 0, s->counts, E, s->offs, s->cursor, s->tiles, s->n_tiles);
         CKL();
         pdl_launch(s, k_moe_scatter, (slots + 255) / 256, 256, 0, s->topi, slots, s->offs, s->cursor, s->sorted);
         CKL();
-        if (g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down)) {
-            // gate and up in one launch (the x-tiles beyond gate's select up), both from xn's split
+        if (g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down) && d.exp_gate.bits == d.exp_up.bits) {
+            // over the tile map: each (expert, 64 tokens) at most once; gate and up in one launch from xn's split
+            const int max_tiles = (slots + G4_BN - 1) / G4_BN + std::min(E, slots);
             if (split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
-            const int mg = (int)((I + G4_BM - 1) / G4_BM);
-            const dim3 g((unsigned)(2 * mg), (unsigned)((T + G4_BN - 1) / G4_BN), (unsigned)E);
-            pdl_launch(s, k_gemm_q4, g, 256, G4_SMEM, d.exp_gate, d.exp_up, mg, I, s->xh, s->xl, s->xsum, s->gu, 2 * I, T,
-                       (const int *)s->offs, (const int *)s->sorted, K);
-            CKL();
+            const dmat Wgu[2] = {d.exp_gate, d.exp_up};
+            float *const Ygu[2] = {s->gu, s->gu + I};
+            const int64_t Lgu[2] = {2 * I, 2 * I};
+            if (gemm_q(s, 2, Wgu, Ygu, Lgu, T, s->offs, max_tiles, K, err) < 0) return -1;
             // down: its input is SwiGLU of each slot's gate/up row
             if (split_x(s, s->gu, 2 * I, I, XM_SWIGLU, slots, I, err) < 0) return -1;
-            const dim3 gd((unsigned)((H + G4_BM - 1) / G4_BM), (unsigned)((T + G4_BN - 1) / G4_BN), (unsigned)E);
-            pdl_launch(s, k_gemm_q4, gd, 256, G4_SMEM, d.exp_down, d.exp_down, (int)gd.x, (int64_t)0, s->xh, s->xl, s->xsum,
-                       s->ye, H, T, (const int *)s->offs, (const int *)s->sorted, 1);
-            CKL();
+            float *const Yd[1] = {s->ye};
+            const int64_t Ld[1] = {H};
+            if (gemm_q(s, 1, &d.exp_down, Yd, Ld, T, s->offs, max_tiles, 1, err) < 0) return -1;
         } else {
             dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
             pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);

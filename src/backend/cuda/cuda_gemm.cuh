@@ -23,15 +23,29 @@
 #define G4_BN 64
 #define G4_BK 64      // = the quantisation group
 #define G4_STAGES 3
-#define G4_QLD 12     // u32 words per code row in shared memory (8 used; 12 avoids bank conflicts)
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
+#define G4_MATS 4
 
+// u32 words per code row in shared memory: 8 (4-bit) or 16 (8-bit) used, padded
+// so that the 8 rows a fragment load touches fall in distinct banks.
+template <int BITS> struct g4_geom { static const int QW = 2 * BITS, QLD = BITS == 4 ? 12 : 20; };
+template <int BITS>
 struct g4_stage {
-    uint32_t q[G4_BM * G4_QLD];
+    uint32_t q[G4_BM * g4_geom<BITS>::QLD];
     __nv_bfloat16 xh[G4_BN * G4_XLD], xl[G4_BN * G4_XLD];
     float xs[G4_BN];
 };
-static const size_t G4_SMEM = sizeof(g4_stage) * G4_STAGES;
+template <int BITS> constexpr size_t g4_smem() { return sizeof(g4_stage<BITS>) * G4_STAGES; }
+
+// Up to G4_MATS matrices that read the same input rows, in one launch: x-tiles
+// [start[i], start[i+1]) compute matrix i into y[i] (row stride ldy[i]).
+struct g4_job {
+    dmat W[G4_MATS];
+    float *y[G4_MATS];
+    int64_t ldy[G4_MATS];
+    int start[G4_MATS + 1];
+    int n;
+};
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
@@ -56,6 +70,16 @@ __device__ __forceinline__ uint32_t nib2_bf16(uint32_t w, int t) {
     __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
     h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
     return *(const uint32_t *)&h;
+}
+
+// Codes 2h and 2h+1 (bytes) of a word of 8-bit codes as an exact bf16x2 pair
+// (integers up to 255 have 8 significant bits, as bf16).
+__device__ __forceinline__ uint32_t byte2_bf16(uint32_t w, int h) {
+    const uint32_t u = w >> (16 * h);
+    const float lo = __uint_as_float(0x4B000000u | (u & 0xFFu)) - 8388608.0f,
+                hi = __uint_as_float(0x4B000000u | ((u >> 8) & 0xFFu)) - 8388608.0f;
+    __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+    return *(const uint32_t *)&r;
 }
 
 // Split the GEMM input rows into bf16 hi/lo parts and f32 sums per group of 64.
@@ -99,38 +123,44 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
     }
 }
 
-// y[yrow(n)][m] = sum_k W[m][k] x(n, k) for 4-bit affine W with group 64.
-// Grouped mode (offs != null): blockIdx.z is the expert (or, with two
-// matrices W0/W1 side by side, blockIdx.x beyond W0's tiles selects W1 and
-// writes at column offset y1off); its tokens are the routing slots
-// sorted[offs[e] .. offs[e+1]); the input row is slot / x_div, the output row
-// the slot. Plain mode: token n is row n of the input and of y.
-__global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int64_t y1off, const __nv_bfloat16 *xh,
-                                                 const __nv_bfloat16 *xl, const float *xs, float *y, int64_t ldy, int T,
-                                                 const int *offs, const int *sorted, int x_div) {
-    extern __shared__ __align__(16) unsigned char g4_smem[];
-    g4_stage *st = (g4_stage *)g4_smem;
+// y[yrow(n)][m] = sum_k W[m][k] x(n, k) for affine W (4 or 8 bits, group 64),
+// for the matrices of a job. Grouped mode (tiles != null): blockIdx.y is an
+// entry (expert, first token) of the device-built tile map (k_moe_scan); the
+// expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input
+// row is slot / x_div and the output row the slot. Plain mode: token n is row n
+// of the input and of y.
+template <int BITS>
+__global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl,
+                                                const float *xs, int T, const int *offs, const int *sorted,
+                                                const int2 *tiles, const int *n_tiles, int x_div) {
+    constexpr int QW = g4_geom<BITS>::QW, QLD = g4_geom<BITS>::QLD;
+    extern __shared__ __align__(16) unsigned char g4_smem_raw[];
+    g4_stage<BITS> *st = (g4_stage<BITS> *)g4_smem_raw;
     __shared__ int xrow[G4_BN], yrow[G4_BN];
     pdl_wait();
-    int mtile = blockIdx.x;
-    dmat W = W0;
-    int64_t ycol = 0;
-    if (mtile >= mt0) { W = W1; mtile -= mt0; ycol = y1off; }
-    int count = T, base = 0;
-    if (offs) {
-        base = offs[blockIdx.z];
-        count = offs[blockIdx.z + 1] - base;
-        W = dmat_expert(W, blockIdx.z);
+    int mi = 0;
+    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
+    dmat W = job.W[mi];
+    float *const y = job.y[mi];
+    const int64_t ldy = job.ldy[mi];
+    const int mtile = blockIdx.x - job.start[mi];
+    int count = T, base = 0, n0 = blockIdx.y * G4_BN;
+    if (tiles) {
+        if ((int)blockIdx.y >= *n_tiles) return;
+        const int2 tl = tiles[blockIdx.y];
+        base = offs[tl.x];
+        count = offs[tl.x + 1] - base;
+        n0 = tl.y;
+        W = dmat_expert(W, tl.x);
     }
-    const int n0 = blockIdx.y * G4_BN;
     const int64_t m0 = (int64_t)mtile * G4_BM;
     if (n0 >= count || m0 >= W.rows) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     if (tid < G4_BN) {
         const int n = n0 + tid;
         if (n < count) {
-            const int slot = offs ? sorted[base + n] : n;
-            xrow[tid] = offs ? slot / x_div : n;
+            const int slot = tiles ? sorted[base + n] : n;
+            xrow[tid] = tiles ? slot / x_div : n;
             yrow[tid] = slot;
         } else {
             xrow[tid] = -1;
@@ -138,18 +168,19 @@ __global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int6
         }
     }
     __syncthreads();
-    const int64_t K = W.cols, wpr = K / 8, ng = K / 64;
+    const int64_t K = W.cols, wpr = K * BITS / 32, ng = K / 64;
     const int nk = (int)(K / G4_BK);
 
     // One stage: 128 rows x 32 B of codes (a 16-byte chunk per thread), 64 rows
     // x 128 B of xh and of xl (4 chunks per thread), 64 group sums.
     auto load_stage = [&](int kt, int sidx) {
-        g4_stage &S = st[sidx];
-        {
-            const int r = tid >> 1, h = tid & 1;
+        g4_stage<BITS> &S = st[sidx];
+#pragma unroll
+        for (int c = tid; c < G4_BM * QW / 4; c += 256) {
+            const int r = c / (QW / 4), h = c % (QW / 4);
             const bool ok = m0 + r < W.rows;
-            const uint32_t *src = W.q + (ok ? (m0 + r) * wpr + (int64_t)kt * 8 + h * 4 : 0);
-            cp_async16(&S.q[r * G4_QLD + h * 4], src, ok);
+            const uint32_t *src = W.q + (ok ? (m0 + r) * wpr + (int64_t)kt * QW + h * 4 : 0);
+            cp_async16(&S.q[r * QLD + h * 4], src, ok);
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -209,7 +240,7 @@ __global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int6
                 nbi[i] = __bfloat162float(W.b[rows_g[i] * ng + kt + 1]);
             }
         }
-        const g4_stage &S = st[kt % G4_STAGES];
+        const g4_stage<BITS> &S = st[kt % G4_STAGES];
         float p[2][4][4];
 #pragma unroll
         for (int a = 0; a < 2; a++)
@@ -223,12 +254,20 @@ __global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int6
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const int r0 = wm + mt * 16 + g;
-                const uint2 w0 = *(const uint2 *)&S.q[r0 * G4_QLD + 2 * ks];
-                const uint2 w1 = *(const uint2 *)&S.q[(r0 + 8) * G4_QLD + 2 * ks];
-                af[mt][0] = nib2_bf16(w0.x, t);
-                af[mt][1] = nib2_bf16(w1.x, t);
-                af[mt][2] = nib2_bf16(w0.y, t);
-                af[mt][3] = nib2_bf16(w1.y, t);
+                if (BITS == 4) { // words 2ks, 2ks+1: columns 16ks..16ks+7, +8..+15
+                    const uint2 w0 = *(const uint2 *)&S.q[r0 * QLD + 2 * ks];
+                    const uint2 w1 = *(const uint2 *)&S.q[(r0 + 8) * QLD + 2 * ks];
+                    af[mt][0] = nib2_bf16(w0.x, t);
+                    af[mt][1] = nib2_bf16(w1.x, t);
+                    af[mt][2] = nib2_bf16(w0.y, t);
+                    af[mt][3] = nib2_bf16(w1.y, t);
+                } else { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
+                    const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
+                    af[mt][0] = byte2_bf16(q0[0], t & 1);
+                    af[mt][1] = byte2_bf16(q1[0], t & 1);
+                    af[mt][2] = byte2_bf16(q0[2], t & 1);
+                    af[mt][3] = byte2_bf16(q1[2], t & 1);
+                }
             }
             uint32_t bh[4][2], bl[4][2];
 #pragma unroll
@@ -272,11 +311,11 @@ __global__ void __launch_bounds__(256) k_gemm_q4(dmat W0, dmat W1, int mt0, int6
             for (int c = 0; c < 4; c++) {
                 const int64_t m = m0 + wm + mt * 16 + g + (c >> 1) * 8;
                 const int n = wn + nt * 8 + 2 * t + (c & 1);
-                if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + ycol + m] = acc[mt][nt][c];
+                if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[mt][nt][c];
             }
 }
 
-// Usable for a matrix: 4-bit affine, group 64, a whole number of 64-column groups.
+// Usable for a matrix: 4- or 8-bit affine, group 64, a whole number of 64-column groups.
 __host__ __device__ inline bool g4_ok(const dmat &W) {
-    return W.type == 0 && W.bits == 4 && W.group == 64 && W.cols % 64 == 0;
+    return W.type == 0 && (W.bits == 4 || W.bits == 8) && W.group == 64 && W.cols % 64 == 0;
 }

@@ -907,18 +907,24 @@ __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *top
     if (norm && lane < K) topw[t * K + lane] = topw[t * K + lane] / tot;
 }
 
-// Exclusive scan of the per-expert counts into offs[0..E]; resets counts and cursor.
-__global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor) {
+// Exclusive scan of the per-expert counts into offs[0..E]; resets counts and
+// cursor. With `tiles`: the GEMM tile map, one entry (expert, first token) per
+// 64 tokens of each expert (empty experts get none), count in *n_tiles.
+__global__ void k_moe_scan(int *counts, int E, int *offs, int *cursor, int2 *tiles, int *n_tiles) {
     pdl_wait();
     if (threadIdx.x == 0) {
-        int acc = 0;
+        int acc = 0, nt = 0;
         for (int e = 0; e < E; e++) {
+            const int c = counts[e];
             offs[e] = acc;
-            acc += counts[e];
+            acc += c;
             counts[e] = 0;
             cursor[e] = 0;
+            if (tiles)
+                for (int n0 = 0; n0 < c; n0 += 64) tiles[nt++] = make_int2(e, n0);
         }
         offs[E] = acc;
+        if (n_tiles) *n_tiles = nt;
     }
 }
 
