@@ -553,6 +553,10 @@ def check(a):
 def bench(a):
     dtype = getattr(torch, a.dtype)
     lens = [int(x) for x in a.prompt_lens.split(",") if x]
+    if "full_attention" not in text_config(Checkpoint(a.model)).layer_types:
+        # transformers' hybrid cache takes the sequence length from an attention layer
+        sys.exit("hf_full: --bench needs at least one full-attention layer (transformers' cache has no "
+                 "length without one); use lilac synth --layers >= 4")
     model, tc, st = load_model(a.model, a.device, dtype, packed_experts=False)
     paths = gdn_paths()
     V = tc.vocab_size

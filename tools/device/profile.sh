@@ -45,3 +45,11 @@ print("first 40 launches:")
 for n, us, mb, pct, grid, regs in seq[:40]:
     print(f"  {n:48s} {us:7.2f} us {mb:7.2f} MB dram {pct:5.1f}% grid {grid:6.0f} regs {regs:4.0f}")
 PY
+# Stall reasons and memory detail for chosen launches (DETAIL="1 6": the first
+# layer's input GEMV and expert gate/up GEMV in the launch order listed above).
+for k in ${DETAIL:-}; do
+    ncu --clock-control none --cache-control none --launch-skip "$k" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        ./build/lilac generate --model "$MODEL" --backend cuda --ids 1 --max-tokens 1 2>/dev/null |
+        grep -E "^  [A-Za-z]|Duration|Throughput|Stall|stall|Occupancy|Registers|Block Size|Grid Size|Waves|L2 Hit|L1/TEX Hit|Mem Busy|Max Bandwidth|Issued|Eligible|Active Warps|cycles being stalled|On average" | head -60
+done
