@@ -525,17 +525,18 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 
 // The f32 delta-rule recurrence over a prefill chunk. Block = 4 warps = 32
 // value columns of one v-head (grid: v-heads x dv/32). Warp lane = column * 4 +
-// g: the thread keeps keys g, g+4, g+8, ... of its column of the state S[dk][dv]
-// in registers, so a step is three register dot products and two 2-step shuffle
-// reductions; the four threads of a column read consecutive q/k entries
-// (conflict-free broadcasts). q, k, v, decay and beta of GDN_TS tokens at a
-// time are staged in shared memory with cp.async, double-buffered.
-#define GDN_TS(DK) ((DK) >= 64 ? 2048 / (DK) : 32) // 16 KB of q and k per buffer
+// g: the thread keeps keys [g*KPT, (g+1)*KPT) of its column of the state
+// S[dk][dv] in registers, so a step is three register dot products and two
+// 2-step shuffle reductions. q and k are read as float4 from shared memory,
+// each key quarter padded by 4 floats so that the four quarters a warp reads
+// at once sit in different banks. q, k, v, decay and beta of GDN_TS tokens at
+// a time are staged with cp.async, double-buffered.
+#define GDN_TS(DK) ((DK) >= 256 ? 8 : 16) // tokens per staging buffer (static shared memory < 48 KB)
 template <int DK>
 __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
                                                    const float *beta, const float *decay, float *ssm, float *o, int T) {
-    constexpr int KPT = DK / 4, TS = GDN_TS(DK);
-    __shared__ __align__(16) float qs[2][TS][DK], ks[2][TS][DK], vs[2][TS][32], as[2][TS], bs[2][TS];
+    constexpr int KPT = DK / 4, TS = GDN_TS(DK), KLD = DK + 16; // quarter g at g*(KPT+4)
+    __shared__ __align__(16) float qs[2][TS][KLD], ks[2][TS][KLD], vs[2][TS][32], as[2][TS], bs[2][TS];
     pdl_wait();
     const int j = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 3;
     const int col = warp * 8 + (lane >> 2), m = blockIdx.y * 32 + col;
@@ -544,7 +545,7 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
     float S[KPT];
     float *Sg = ssm + (int64_t)j * DK * dv + m;
 #pragma unroll
-    for (int i = 0; i < KPT; i++) S[i] = Sg[(int64_t)(4 * i + g) * dv];
+    for (int i = 0; i < KPT; i++) S[i] = Sg[(int64_t)(g * KPT + i) * dv];
     auto stage = [&](int t0, int b) {
         const int n = min(TS, T - t0);
         // q and k rows: DK/4 16-byte chunks each; v: 8 chunks
@@ -554,8 +555,11 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
             const float *row = conv_out + (int64_t)(t0 + tt) * CD;
             float *dst;
             const float *src;
-            if (r < DK / 4) { dst = &qs[b][tt][4 * r]; src = row + (int64_t)hk * DK + 4 * r; }
-            else if (r < DK / 2) { dst = &ks[b][tt][4 * (r - DK / 4)]; src = row + KD + (int64_t)hk * DK + 4 * (r - DK / 4); }
+            if (r < DK / 2) { // q (r < DK/4) or k: float4 number e of the row, at its padded place
+                const int e = r % (DK / 4), pad = (4 * e / KPT) * 4;
+                dst = (r < DK / 4 ? qs[b][tt] : ks[b][tt]) + 4 * e + pad;
+                src = row + (r < DK / 4 ? 0 : KD) + (int64_t)hk * DK + 4 * e;
+            }
             else { dst = &vs[b][tt][4 * (r - DK / 2)]; src = row + 2 * KD + (int64_t)j * dv + blockIdx.y * 32 + 4 * (r - DK / 2); }
             cp_async16(dst, src, true);
         }
@@ -577,20 +581,33 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
         __syncthreads();
         const int n = min(TS, T - t0);
         for (int tt = 0; tt < n; tt++) {
-            const float *q = qs[b][tt], *k = ks[b][tt];
+            const float4 *q = (const float4 *)(qs[b][tt] + g * (KPT + 4)), *k = (const float4 *)(ks[b][tt] + g * (KPT + 4));
             const float a = as[b][tt], bt = bs[b][tt], v = vs[b][tt][col];
             float r4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int i = 0; i < KPT; i++) r4[i & 3] += S[i] * k[4 * i + g];
+            for (int i = 0; i < KPT / 4; i++) {
+                const float4 kk = k[i];
+                r4[0] += S[4 * i] * kk.x;
+                r4[1] += S[4 * i + 1] * kk.y;
+                r4[2] += S[4 * i + 2] * kk.z;
+                r4[3] += S[4 * i + 3] * kk.w;
+            }
             float r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
             r += __shfl_xor_sync(0xffffffffu, r, 1);
             r += __shfl_xor_sync(0xffffffffu, r, 2);
             const float d = (v - a * r) * bt;
             float o4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-            for (int i = 0; i < KPT; i++) {
-                S[i] = a * S[i] + k[4 * i + g] * d;
-                o4[i & 3] += S[i] * q[4 * i + g];
+            for (int i = 0; i < KPT / 4; i++) {
+                const float4 kk = k[i], qq = q[i];
+                S[4 * i] = a * S[4 * i] + kk.x * d;
+                S[4 * i + 1] = a * S[4 * i + 1] + kk.y * d;
+                S[4 * i + 2] = a * S[4 * i + 2] + kk.z * d;
+                S[4 * i + 3] = a * S[4 * i + 3] + kk.w * d;
+                o4[0] += S[4 * i] * qq.x;
+                o4[1] += S[4 * i + 1] * qq.y;
+                o4[2] += S[4 * i + 2] * qq.z;
+                o4[3] += S[4 * i + 3] * qq.w;
             }
             float ov = (o4[0] + o4[1]) + (o4[2] + o4[3]);
             ov += __shfl_xor_sync(0xffffffffu, ov, 1);
@@ -600,7 +617,7 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
         __syncthreads(); // buffer b is restaged next round
     }
 #pragma unroll
-    for (int i = 0; i < KPT; i++) Sg[(int64_t)(4 * i + g) * dv] = S[i];
+    for (int i = 0; i < KPT; i++) Sg[(int64_t)(g * KPT + i) * dv] = S[i];
 }
 
 // Decode (one token), v-head j = blockIdx.x: the causal conv of its q/k head and
