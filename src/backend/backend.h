@@ -7,6 +7,7 @@
 #ifndef LILAC_BACKEND_H
 #define LILAC_BACKEND_H
 
+#include "../engine/sampler.h"
 #include "../model/weights.h"
 
 #ifdef __cplusplus
@@ -61,6 +62,20 @@ typedef struct {
      * ids[i] for ss[i]): logits [n, vocab]. The weights are read once for all n
      * rows (CPU), or the sessions step one after another (CUDA, for now). */
     int (*forward_batch)(lilac_session **ss, const int32_t *ids, int n, float *logits, lilac_err *err);
+    /* Sampling where the logits are (optional: NULL in the CPU backend, whose logits
+     * are in host memory already; the engine then samples with lilac_sample, as it
+     * does for requests that need the logits themselves, e.g. logprobs). A session
+     * holds one request's sampler state. sample_begin starts it as
+     * lilac_sampler_begin does: counts cleared, the prompt ids marked seen, the
+     * generator seeded from lilac_sampling_seed(p). The two forward entries then
+     * pick each next token exactly as lilac_sample would from the logits (same
+     * algorithm and draws; only a different summation order may flip a near-tie),
+     * record it for the penalties, and return just the ids. */
+    int (*sample_begin)(lilac_session *s, const lilac_sampling *p, const int32_t *prompt, int n_prompt, lilac_err *err);
+    /* forward(ids, n, LOGITS_LAST), the last token's logits sampled into *tok. */
+    int (*forward_sample)(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err);
+    /* forward_batch, row i's logits sampled with ss[i]'s state into toks[i]. */
+    int (*forward_batch_sample)(lilac_session **ss, const int32_t *ids, int n, int32_t *toks, lilac_err *err);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;
