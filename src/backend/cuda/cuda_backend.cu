@@ -20,6 +20,7 @@ extern "C" {
 #include "../backend.h"
 }
 #include "cuda_kernels.cuh"
+#include "cuda_sample.cuh"
 #include "cuda_gemm.cuh"
 
 #define CK(call)                                                                                        \
@@ -256,6 +257,8 @@ struct lilac_session {
     cudaGraphExec_t graph;
     cudaEvent_t step_ev[2];
     std::vector<void *> allocs;
+    cuda_sampler *smp;       // sampler state on the device (cuda_sample.cu), from sample_begin
+    cudaGraphExec_t sgraph;  // a decode step ending in the sampler
 };
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
@@ -309,6 +312,8 @@ static int dalloc(lilac_session *s, T **p, size_t n, lilac_err *err) {
 static void cuda_session_free(lilac_session *s) {
     if (!s) return;
     if (s->graph) cudaGraphExecDestroy(s->graph);
+    if (s->sgraph) cudaGraphExecDestroy(s->sgraph);
+    cuda_sampler_free(s->smp);
     for (void *p : s->allocs) cudaFree(p);
     if (s->h_pinned) cudaFreeHost(s->h_pinned);
     if (s->ring) cudaFreeHost(s->ring);
@@ -980,9 +985,81 @@ static int cuda_forward_batch(lilac_session **ss, const int32_t *ids, int n, flo
     return 0;
 }
 
+// ---------------------------------------------------------------- sampling on the device (cuda_sample.cu)
+
+static int cuda_sample_begin(lilac_session *s, const lilac_sampling *p, const int32_t *prompt, int n_prompt,
+                             lilac_err *err) {
+    if (!s->smp && !(s->smp = cuda_sampler_new(s->m->cfg.vocab, err))) return -1;
+    return cuda_sampler_begin(s->smp, p, prompt, n_prompt, s->st, err);
+}
+
+// The prompt's last chunk through forward() (which lands its logits on the host
+// too: once per request, not per token), then the sampler on the device logits.
+static int cuda_forward_sample(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err) {
+    if (!s->smp) return lilac_fail(err, "forward_sample: no sample_begin on this session");
+    if (cuda_forward(s, ids, n, LOGITS_LAST, cuda_sampler_host_logits(s->smp), err) < 0) return -1;
+    if (cuda_sampler_launch(s->smp, s->logits, s->st, err) < 0) return -1;
+    CK(cudaStreamSynchronize(s->st));
+    *tok = cuda_sampler_result(s->smp, err);
+    return *tok < 0 ? -1 : 0;
+}
+
+// One decode step ending in the sampler, captured once per session as a graph:
+// input d_ids[0] at *d_pos (the host sets both per step); the token lands in the
+// sampler's host-mapped result.
+static int capture_sample_step(lilac_session *s, lilac_err *err) {
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
+    int rc = run_layers(s, 1, err);
+    if (rc == 0) rc = head(s, 0, 1, err);
+    if (rc == 0) rc = cuda_sampler_launch(s->smp, s->logits, s->st, err);
+    const cudaError_t e = cudaStreamEndCapture(s->st, &g);
+    if (rc < 0 || e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return rc < 0 ? -1 : lilac_fail(err, "CUDA: sampled decode step capture failed (%s)", cudaGetErrorString(e));
+    }
+    const cudaError_t ei = cudaGraphInstantiate(&s->sgraph, g, 0);
+    cudaGraphDestroy(g);
+    CK(ei);
+    return 0;
+}
+
+// The sessions step concurrently, each on its own stream; only ids cross the bus.
+static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int n, int32_t *toks, lilac_err *err) {
+    for (int i = 0; i < n; i++) {
+        const lilac_session *s = ss[i];
+        if (!s->smp) return lilac_fail(err, "forward_batch_sample: no sample_begin on session %d", i);
+        if (ids[i] < 0 || ids[i] >= s->m->cfg.vocab)
+            return lilac_fail(err, "token id %d at index %d is outside the vocabulary [0, %lld)", ids[i], i,
+                              (long long)s->m->cfg.vocab);
+        if (s->pos + 1 > s->max_seq)
+            return lilac_fail(err, "context full: %lld + 1 tokens exceed the maximum of %lld", (long long)s->pos,
+                              (long long)s->max_seq);
+        for (int j = 0; j < i; j++)
+            if (ss[j] == s) return lilac_fail(err, "forward_batch_sample: session %d appears twice", i);
+    }
+    for (int i = 0; i < n; i++) {
+        lilac_session *s = ss[i];
+        if (!s->sgraph && capture_sample_step(s, err) < 0) return -1;
+        s->h_pinned[0] = (int)s->pos;
+        s->h_pinned[1] = ids[i];
+        CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
+        CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
+        CK(cudaGraphLaunch(s->sgraph, s->st));
+    }
+    for (int i = 0; i < n; i++) {
+        CK(cudaStreamSynchronize(ss[i]->st));
+        ss[i]->pos++;
+        if ((toks[i] = cuda_sampler_result(ss[i]->smp, err)) < 0) return -1;
+    }
+    return 0;
+}
+
 extern "C" const lilac_backend lilac_backend_cuda = {
     "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
     cuda_snapshot, cuda_restore, cuda_snapshot_free, cuda_snapshot_pos, cuda_snapshot_bytes, cuda_forward_batch,
+    cuda_sample_begin, cuda_forward_sample, cuda_forward_batch_sample,
 };
 
 // ---------------------------------------------------------------- measurements for bench

@@ -1,0 +1,357 @@
+// emu/cuda_runtime.h — a CPU stand-in for the part of the CUDA runtime and device
+// language that src/backend/cuda/cuda_sample.cu and tests/cuda/test_sample.cu use,
+// so that both run unchanged on a machine without a GPU (checking the kernels'
+// logic: indices, scans, block and warp synchronisation; not timing, not the
+// hardware's memory model). Put this directory first on the include path and
+// compile as C++20 with g++:
+//
+//   g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc -x c++
+//       tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none
+//       build/src/engine/sampler.o build/src/util/common.o -lm -o /tmp/test_sample_emu
+//   /tmp/test_sample_emu --quick        (CUEMU_MAX_THREADS=128 runs blocks narrower: faster)
+//
+// A kernel launch runs its blocks one after another; a block's threads are
+// fibers (ucontext) on the calling thread, switched at __syncthreads and at warp
+// intrinsics (which exchange values through a per-warp barrier). Every warp
+// intrinsic must be reached by all 32 lanes with the full mask (as the code under
+// test promises) and every __syncthreads by the whole block: anything else is
+// reported as a deadlock. CUEMU_SHUFFLE=1 resumes the threads in a random order
+// after each barrier, so a missing barrier shows up as a wrong result. Device
+// memory is host memory.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <chrono>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace cuemu {
+struct idx3 {
+    unsigned x, y, z;
+};
+struct barrier {
+    unsigned count, expected, phase;
+};
+struct fiber {
+    ucontext_t ctx;  // first entry only; later switches are _setjmp/_longjmp (no signal-mask syscalls)
+    jmp_buf jb;
+    char *stack;
+    bool started, done;
+    const unsigned *wait;  // phase counter it waits on (null: runnable)
+    unsigned wait_phase;
+};
+struct warp {
+    barrier bar;
+    uint64_t slot[32];
+};
+inline idx3 tid, bid;  // of the running fiber
+inline dim3 bdim, gdim;
+inline std::vector<fiber> fibers;
+inline unsigned cur;
+inline jmp_buf sched;
+inline barrier block_bar;
+inline std::vector<warp> warps;
+inline void (*body)(void *);
+inline void *body_arg;
+
+inline void arrive(barrier &b) {
+    if (++b.count == b.expected) {
+        b.count = 0;
+        b.phase++;
+        return;
+    }
+    fiber &f = fibers[cur];
+    f.wait = &b.phase;
+    f.wait_phase = b.phase;
+    if (!_setjmp(f.jb)) _longjmp(sched, 1);
+}
+inline warp &my_warp() { return warps[tid.x >> 5]; }
+inline void check_mask(unsigned m) {
+    if (m != 0xffffffffu) {
+        fprintf(stderr, "cuemu: warp intrinsic with partial mask %08x\n", m);
+        abort();
+    }
+}
+// Every lane publishes v; returns lane src's value.
+template <typename T>
+inline T exchange(T v, int src) {
+    static_assert(sizeof(T) <= 8, "exchange");
+    warp &w = my_warp();
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof v);
+    w.slot[tid.x & 31] = b;
+    arrive(w.bar);
+    const uint64_t r = w.slot[src & 31];
+    arrive(w.bar);
+    T out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+} // namespace cuemu
+
+#define threadIdx cuemu::tid
+#define blockIdx cuemu::bid
+#define blockDim cuemu::bdim
+#define gridDim cuemu::gdim
+
+inline void __syncthreads() { cuemu::arrive(cuemu::block_bar); }
+inline void __syncwarp(unsigned m = 0xffffffffu) {
+    cuemu::check_mask(m);
+    cuemu::arrive(cuemu::my_warp().bar);
+}
+template <typename T>
+inline T __shfl_sync(unsigned m, T v, int src, int = 32) {
+    cuemu::check_mask(m);
+    return cuemu::exchange(v, src);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned m, T v, int x, int = 32) {
+    cuemu::check_mask(m);
+    return cuemu::exchange(v, (int)(cuemu::tid.x & 31) ^ x);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned m, T v, unsigned d, int = 32) {
+    cuemu::check_mask(m);
+    const int lane = (int)(cuemu::tid.x & 31);
+    return cuemu::exchange(v, lane >= (int)d ? lane - (int)d : lane);
+}
+inline unsigned __ballot_sync(unsigned m, int pred) {
+    cuemu::check_mask(m);
+    cuemu::warp &w = cuemu::my_warp();
+    w.slot[cuemu::tid.x & 31] = pred != 0;
+    cuemu::arrive(w.bar);
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)(w.slot[i] != 0) << i;
+    cuemu::arrive(w.bar);
+    return r;
+}
+inline int __all_sync(unsigned m, int pred) { return __ballot_sync(m, pred) == 0xffffffffu; }
+inline int __any_sync(unsigned m, int pred) { return __ballot_sync(m, pred) != 0; }
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double x) { return (float)x; }
+inline unsigned long long __double2ull_rn(double x) { return (unsigned long long)nearbyint(x); }
+inline unsigned long long __double2ull_rd(double x) { return (unsigned long long)floor(x); }
+inline unsigned long long __double2ull_ru(double x) { return (unsigned long long)ceil(x); }
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---------------------------------------------------------------- runtime
+
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
+typedef struct cuemu_stream *cudaStream_t;
+typedef struct cuemu_event {
+    double t;
+} *cudaEvent_t;
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice,
+                      cudaMemcpyDefault };
+#define cudaHostAllocDefault 0
+#define cudaHostAllocMapped 2
+
+inline const char *cudaGetErrorString(cudaError_t e) { return e ? "emulated CUDA error" : "no error"; }
+inline const char *cudaGetErrorName(cudaError_t e) { return e ? "cudaErrorEmulated" : "cudaSuccess"; }
+inline cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+inline cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = calloc(1, n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+template <typename T>
+inline cudaError_t cudaMalloc(T **p, size_t n) {
+    return cudaMalloc((void **)p, n);
+}
+inline cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { return cudaMalloc(p, n); }
+inline cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
+inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+inline cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned) {
+    *d = h;
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void *d, const void *s, size_t n, cudaMemcpyKind) {
+    memmove(d, s, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind k, cudaStream_t = 0) {
+    return cudaMemcpy(d, s, n, k);
+}
+inline cudaError_t cudaMemset(void *d, int v, size_t n) {
+    memset(d, v, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void *d, int v, size_t n, cudaStream_t = 0) { return cudaMemset(d, v, n); }
+inline cudaError_t cudaStreamCreate(cudaStream_t *s) {
+    *s = nullptr;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+inline double cuemu_now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new cuemu_event{0};
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = 0) {
+    e->t = cuemu_now();
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = (float)((b->t - a->t) * 1e3);
+    return cudaSuccess;
+}
+
+namespace cuemu {
+template <typename... P, size_t... I>
+inline void call(void (*f)(P...), void **args, std::index_sequence<I...>) {
+    f(*static_cast<std::remove_cv_t<std::remove_reference_t<P>> *>(args[I])...);
+}
+} // namespace cuemu
+
+namespace cuemu {
+inline void fiber_main() {
+    body(body_arg);
+    fibers[cur].done = true;
+    _longjmp(sched, 1);
+}
+// Switch to fiber t until it waits at a barrier or ends.
+__attribute__((noinline)) inline void resume(unsigned t) {
+    fiber &f = fibers[t];
+    cur = t;
+    tid = {t, 0, 0};
+    if (!_setjmp(sched)) {
+        if (!f.started) {
+            f.started = true;
+            setcontext(&f.ctx);
+        }
+        _longjmp(f.jb, 1);
+    }
+}
+// Run one block: resume runnable fibers until all are done; no progress in a full
+// pass means some never reach the barrier the others wait at.
+inline void run_block(unsigned nt, uint64_t *shuffle) {
+    static const size_t STACK = 256 << 10;
+    if (fibers.size() < nt) fibers.resize(nt);  // stacks are kept for later launches
+    block_bar = {0, nt, 0};
+    warps.assign(nt / 32, warp{{0, 32, 0}, {0}});
+    for (unsigned t = 0; t < nt; t++) {
+        fiber &f = fibers[t];
+        if (!f.stack) f.stack = (char *)malloc(STACK);
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = STACK;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+        f.started = f.done = false;
+        f.wait = nullptr;
+    }
+    std::vector<unsigned> order(nt);
+    for (unsigned t = 0; t < nt; t++) order[t] = t;
+    for (;;) {
+        bool all_done = true, progress = false;
+        if (shuffle)
+            for (unsigned i = nt; i > 1; i--) {
+                *shuffle = *shuffle * 6364136223846793005ull + 1442695040888963407ull;
+                std::swap(order[i - 1], order[(unsigned)(*shuffle >> 33) % i]);
+            }
+        for (unsigned k = 0; k < nt; k++) {
+            const unsigned t = order[k];
+            fiber &f = fibers[t];
+            if (f.done) continue;
+            all_done = false;
+            if (f.wait && *f.wait == f.wait_phase) continue;
+            f.wait = nullptr;
+            resume(t);
+            progress = true;
+        }
+        if (all_done) return;
+        if (!progress) {
+            fprintf(stderr, "cuemu: deadlock in block %u (a barrier or warp intrinsic not reached by all)\n", bid.x);
+            abort();
+        }
+    }
+}
+} // namespace cuemu
+
+// Blocks run one after another; CUEMU_MAX_THREADS (a multiple of 32) narrows them.
+template <typename... P>
+inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 g, dim3 b, void **args, size_t = 0, cudaStream_t = 0) {
+    unsigned nt = b.x;
+    if (const char *m = getenv("CUEMU_MAX_THREADS")) {
+        const unsigned lim = (unsigned)atoi(m);
+        if (lim >= 32 && lim % 32 == 0 && lim < nt) nt = lim;
+    }
+    if (nt % 32 || b.y != 1 || b.z != 1 || g.y != 1 || g.z != 1) {
+        fprintf(stderr, "cuemu: unsupported launch shape\n");
+        abort();
+    }
+    static uint64_t shuffle_state = 0x853c49e6748fea9bull;
+    const char *sh = getenv("CUEMU_SHUFFLE");
+    cuemu::bdim = dim3(nt);
+    cuemu::gdim = g;
+    struct launch {
+        void (*f)(P...);
+        void **args;
+    } L{f, args};
+    cuemu::body = [](void *p) {
+        launch *l = (launch *)p;
+        cuemu::call(l->f, l->args, std::index_sequence_for<P...>{});
+    };
+    cuemu::body_arg = &L;
+    for (unsigned blk = 0; blk < g.x; blk++) {
+        cuemu::bid = {blk, 0, 0};
+        cuemu::run_block(nt, sh && *sh == '1' ? &shuffle_state : nullptr);
+    }
+    cuemu::body_arg = nullptr;
+    return cudaSuccess;
+}
