@@ -78,6 +78,7 @@ typedef struct {
                     * previous turn when its last token was still pending (0: none) */
     int32_t next;  /* sampled id still to be fed */
     int32_t tail;  /* idle: the last id handed out, to be consumed (then a turn-end snapshot), or -1 */
+    bool dev;      /* the job's tokens are sampled in the backend (its sampler state is in the session) */
     lilac_sampler samp;
     lilac_detok *dt;
     double last_used;
@@ -92,9 +93,11 @@ struct lilac_engine {
     int q_head, q_n;
     slot *slots;
     float *logits;  /* [n_slots, vocab] */
-    lilac_session **bss; /* batch scratch */
+    lilac_session **bss; /* batch scratch: rows sampled here (bss, bids), rows sampled in the backend */
     int32_t *bids;
-    int *bslot;
+    lilac_session **dss;
+    int32_t *dids, *dtok;
+    int *bslot, *brow;   /* per row: its slot, its index among bss or dss */
     size_t snap_size; /* bytes of one snapshot (0 until the first) */
     bool stop, started;
     lilac_err init_err;
@@ -281,7 +284,15 @@ static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
                 sl->mark[0] = i;
                 break;
             }
-    lilac_sampler_begin(&sl->samp, &j->samp, j->prompt, j->n_prompt);
+    /* Sampling in the backend (only token ids come back) unless the job needs the
+     * logits here (logprobs), forces its tokens, or the backend has no sampler. */
+    const lilac_backend *be = e->cfg.be;
+    sl->dev = false;
+    if (be->sample_begin && be->forward_sample && be->forward_batch_sample && !j->logprobs && !j->forced) {
+        lilac_err serr = {{0}};
+        sl->dev = be->sample_begin(sl->s, &j->samp, j->prompt, j->n_prompt, &serr) == 0; /* else the host sampler */
+    }
+    if (!sl->dev) lilac_sampler_begin(&sl->samp, &j->samp, j->prompt, j->n_prompt);
     sl->dt = lilac_detok_new(e->cfg.tok, (const char *const *)j->stops, (size_t)j->n_stops, true);
     pthread_mutex_lock(&j->mu);
     j->n_cached = keep;
@@ -307,7 +318,8 @@ static int pick_slot(lilac_engine *e, const eng_job *j) {
     return best;
 }
 
-/* A token was chosen from `logits`: record it and decide whether to go on. */
+/* A token was chosen (from `logits`, or in the backend: NULL): record it and
+ * decide whether to go on. */
 static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
     eng_job *j = sl->job;
     eng_tok ti = {.id = tok, .lp = 0, .n_top = 0};
@@ -315,7 +327,7 @@ static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
         ti.n_top = j->top_logprobs > ENG_MAX_TOP ? ENG_MAX_TOP : j->top_logprobs;
         lilac_logprobs(logits, e->cfg.model->cfg.vocab, tok, ti.n_top, &ti.lp, ti.top_id, ti.top_lp);
     }
-    lilac_sampler_accept(&sl->samp, tok);
+    if (!sl->dev) lilac_sampler_accept(&sl->samp, tok); /* else the backend has recorded it */
     double now = lilac_now();
     pthread_mutex_lock(&e->mu);
     e->st.gen_tokens++;
@@ -369,8 +381,11 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     for (int m = 0; m < 2; m++)
         if (sl->mark[m] > sl->pos && sl->pos + n >= sl->mark[m]) n = sl->mark[m] - sl->pos, boundary = true;
     bool last = sl->pos + n == j->n_prompt;
+    const bool dev = last && sl->dev; /* the first token is sampled in the backend */
+    int32_t tok = -1;
     double t0 = lilac_now();
-    if (be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err) < 0) {
+    if ((dev ? be->forward_sample(sl->s, j->prompt + sl->pos, n, &tok, &err)
+             : be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err)) < 0) {
         fail_slot(e, sl, err.msg);
         return;
     }
@@ -383,9 +398,8 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     pthread_mutex_unlock(&e->mu);
     if (boundary || last) take_snapshot(e, sl);
     if (!last) return;
-    int32_t tok;
     if (j->forced) tok = j->n_forced > 0 ? j->forced[0] : -1;
-    else tok = lilac_sample(&sl->samp, &j->samp, e->logits);
+    else if (!dev) tok = lilac_sample(&sl->samp, &j->samp, e->logits);
     if (tok < 0) {
         finish(e, sl, "stop", NULL);
         return;
@@ -397,33 +411,43 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     e->st.ttft_sum += ttft;
     e->st.cached_tokens += (uint64_t)j->n_cached;
     pthread_mutex_unlock(&e->mu);
-    emit(e, sl, tok, e->logits);
+    emit(e, sl, tok, dev ? NULL : e->logits);
 }
 
 /* One batched decode step: every decoding slot feeds its next token, every idle
- * slot with a pending tail feeds that (then takes its turn-end snapshot). */
+ * slot with a pending tail feeds that (then takes its turn-end snapshot). Rows
+ * sampled in the backend go to forward_batch_sample (only ids come back), the
+ * others (host sampling, forced tokens, tails) to forward_batch. */
 static void decode_step(lilac_engine *e) {
     const int64_t V = e->cfg.model->cfg.vocab;
-    int n = 0;
+    const lilac_backend *be = e->cfg.be;
+    int n = 0, nh = 0, nd = 0;
     for (int i = 0; i < e->cfg.n_slots; i++) {
         slot *sl = &e->slots[i];
         int32_t id = sl->job ? sl->next : sl->tail;
         if (id < 0) continue;
-        e->bss[n] = sl->s;
-        e->bids[n] = id;
+        if (sl->job && sl->dev) {
+            e->dss[nd] = sl->s;
+            e->dids[nd] = id;
+            e->brow[n] = nd++;
+        } else {
+            e->bss[nh] = sl->s;
+            e->bids[nh] = id;
+            e->brow[n] = nh++;
+        }
         e->bslot[n++] = i;
     }
     if (!n) return;
-    lilac_err err = {{0}};
+    lilac_err herr = {{0}}, derr = {{0}};
     double t0 = lilac_now();
-    if (e->cfg.be->forward_batch(e->bss, e->bids, n, e->logits, &err) < 0) {
-        for (int r = 0; r < n; r++) fail_slot(e, &e->slots[e->bslot[r]], err.msg);
-        return;
-    }
+    const bool hfail = nh && be->forward_batch(e->bss, e->bids, nh, e->logits, &herr) < 0;
+    const bool dfail = nd && be->forward_batch_sample(e->dss, e->dids, nd, e->dtok, &derr) < 0;
     int rows = 0;
     for (int r = 0; r < n; r++) {
         slot *sl = &e->slots[e->bslot[r]];
-        hist_push(sl, &e->bids[r], 1);
+        const bool dev = sl->job && sl->dev;
+        if (dev ? dfail : hfail) continue;
+        hist_push(sl, dev ? &e->dids[e->brow[r]] : &e->bids[e->brow[r]], 1);
         rows += sl->job != NULL;
     }
     pthread_mutex_lock(&e->mu);
@@ -433,13 +457,22 @@ static void decode_step(lilac_engine *e) {
     pthread_mutex_unlock(&e->mu);
     for (int r = 0; r < n; r++) {
         slot *sl = &e->slots[e->bslot[r]];
-        const float *lg = e->logits + (int64_t)r * V;
         eng_job *j = sl->job;
+        const bool dev = j && sl->dev;
+        if (dev ? dfail : hfail) {
+            fail_slot(e, sl, dev ? derr.msg : herr.msg);
+            continue;
+        }
         if (!j) { /* a consumed tail: the turn is complete */
             sl->tail = -1;
             take_snapshot(e, sl);
             continue;
         }
+        if (dev) {
+            emit(e, sl, e->dtok[e->brow[r]], NULL);
+            continue;
+        }
+        const float *lg = e->logits + (int64_t)e->brow[r] * V;
         int32_t tok;
         if (j->forced) tok = j->forced[j->n_gen]; /* only the worker writes n_gen */
         else tok = lilac_sample(&sl->samp, &j->samp, lg);
@@ -546,7 +579,11 @@ lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
     e->logits = xcalloc((size_t)cfg->n_slots * (size_t)cfg->model->cfg.vocab, sizeof(float));
     e->bss = xcalloc((size_t)cfg->n_slots, sizeof(lilac_session *));
     e->bids = xcalloc((size_t)cfg->n_slots, sizeof(int32_t));
+    e->dss = xcalloc((size_t)cfg->n_slots, sizeof(lilac_session *));
+    e->dids = xcalloc((size_t)cfg->n_slots, sizeof(int32_t));
+    e->dtok = xcalloc((size_t)cfg->n_slots, sizeof(int32_t));
     e->bslot = xcalloc((size_t)cfg->n_slots, sizeof(int));
+    e->brow = xcalloc((size_t)cfg->n_slots, sizeof(int));
     e->st.n_slots = cfg->n_slots;
     e->st.cache_limit_bytes = cfg->cache_bytes > 0 ? cfg->cache_bytes : 0;
     if (pthread_create(&e->th, NULL, worker, e)) {
@@ -556,7 +593,11 @@ lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
         free(e->logits);
         free(e->bss);
         free(e->bids);
+        free(e->dss);
+        free(e->dids);
+        free(e->dtok);
         free(e->bslot);
+        free(e->brow);
         free(e);
         return NULL;
     }
@@ -604,7 +645,11 @@ void eng_free(lilac_engine *e) {
     free(e->logits);
     free(e->bss);
     free(e->bids);
+    free(e->dss);
+    free(e->dids);
+    free(e->dtok);
     free(e->bslot);
+    free(e->brow);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

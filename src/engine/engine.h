@@ -13,7 +13,11 @@
  * Batching: each round every slot that is decoding contributes its next token
  * to ONE backend forward_batch call (the CPU backend reads each weight once for
  * all rows); slots still in prefill advance by one prefill chunk each, as
- * before. Sampling stays per slot (its own penalties and seeded generator).
+ * before. Sampling stays per slot (its own penalties and seeded generator): in
+ * the backend when it has a sampler (sample_begin / forward_sample /
+ * forward_batch_sample: only token ids leave the device), else, and for jobs
+ * that need the logits themselves (logprobs) or force their tokens, on the host
+ * with lilac_sample; one round may then make one call of each kind.
  *
  * Prefix reuse: a slot keeps the ids its session has consumed (its
  * conversation state) and snapshots of the recurrent state (GDN state + conv
