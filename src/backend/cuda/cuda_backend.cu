@@ -22,6 +22,7 @@ extern "C" {
 #include "cuda_kernels.cuh"
 #include "cuda_sample.cuh"
 #include "cuda_gemm.cuh"
+#include "cuda_packed.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -129,7 +130,9 @@ static const void *dev_ptr(dmodel *D, const void *p, lilac_err *err, int *rc) {
     return (const char *)it->d + (c - it->h);
 }
 
-static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err) {
+// pack: also keep the codes in tensor-core fragment order (cuda_packed.cuh) for
+// the decode GEMV (every 4-bit matrix but the embedding, which is gathered).
+static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack = true) {
     int rc = 0;
     memset(d, 0, sizeof *d);
     d->type = h->type == MAT_AFFINE ? 0 : 1;
@@ -146,7 +149,26 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err) {
     d->s = (const __nv_bfloat16 *)dev_ptr(D, h->scales, err, &rc);
     d->b = (const __nv_bfloat16 *)dev_ptr(D, h->biases, err, &rc);
     d->w = (const __nv_bfloat16 *)dev_ptr(D, h->w, err, &rc);
-    return rc;
+    if (rc < 0 || !pack || !pk_ok(*d) || !d->rows) return rc;
+    const int64_t rb = (d->rows + 15) / 16, n = (int64_t)d->n_experts * rb * (d->cols / 64) * 32;
+    uint4 *pk = nullptr;
+    uint32_t *psb = nullptr;
+    if (cudaMalloc((void **)&pk, sizeof(uint4) * (size_t)n) != cudaSuccess ||
+        cudaMalloc((void **)&psb, sizeof(uint32_t) * (size_t)(n / 2)) != cudaSuccess) {
+        cudaFree(pk);
+        cudaGetLastError();
+        return lilac_fail(err, "GPU out of memory for the packed copy of a %lld x %lld matrix", (long long)d->rows,
+                          (long long)d->cols);
+    }
+    D->allocs.push_back(pk);
+    D->allocs.push_back(psb);
+    k_repack4<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1 << 16), 256, 0, D->stream>>>(*d, rb, pk, psb);
+    CKL();
+    d->pk = pk;
+    d->psb = psb;
+    d->pk_rb = rb;
+    D->uploaded += sizeof(uint4) * (size_t)n + sizeof(uint32_t) * (size_t)(n / 2);
+    return 0;
 }
 
 static int up_vec(dmodel *D, const float *h, int64_t n, float **d, lilac_err *err) {
@@ -188,7 +210,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
         CK(cudaEventRecord(D->ev[i], D->stream));
     }
     double t0 = lilac_now();
-    if (up_mat(D, &m->embed, &D->embed, err) < 0 || up_mat(D, &m->lm_head, &D->lm_head, err) < 0 ||
+    if (up_mat(D, &m->embed, &D->embed, err, false) < 0 || up_mat(D, &m->lm_head, &D->lm_head, err) < 0 ||
         up_vec(D, m->final_norm, c->hidden, &D->final_norm, err) < 0)
         return -1;
     D->layers.resize((size_t)c->n_layers);
@@ -450,6 +472,33 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 // small matrices spread over the whole GPU and large ones amortise the staging.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
+    bool tc = true; // every 4-bit matrix packed: the tensor-core GEMV (cuda_packed.cuh)
+    for (int i = 0; i < j.n; i++)
+        if (j.W[i].type == 0 && j.W[i].bits == 4 && !j.W[i].pk) tc = false;
+    if (tc) {
+        const int ns = gemv_tc_ns(j.W[0].cols / 64);
+        for (int i = 0; i < j.n; i++) {
+            const int rpb = gemv_tc_rows_per_block(j.W[i], ns);
+            j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
+        }
+        const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
+        const size_t sm = gemv_tc_smem(j.W[0].cols);
+#define TC_GO(XM, NS) pdl_launch(s, k_gemv_tc<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
+#define TC_NS_SWITCH(XM)                 \
+    switch (ns) {                        \
+    case 8: TC_GO(XM, 8); break;         \
+    case 4: TC_GO(XM, 4); break;         \
+    case 2: TC_GO(XM, 2); break;         \
+    default: TC_GO(XM, 1); break;        \
+    }
+        if (xm == XM_SWIGLU) { TC_NS_SWITCH(XM_SWIGLU) }
+        else if (xm == XM_NORM) { TC_NS_SWITCH(XM_NORM) }
+        else { TC_NS_SWITCH(XM_PLAIN) }
+#undef TC_NS_SWITCH
+#undef TC_GO
+        CKL();
+        return 0;
+    }
     int rpw = 4;
     for (;; rpw /= 2) {
         int64_t blocks = 0;

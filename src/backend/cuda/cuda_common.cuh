@@ -15,6 +15,11 @@ struct dmat {
     int n_experts;
     const uint32_t *q;
     const __nv_bfloat16 *s, *b, *w;
+    // 4-bit, group 64: the same codes in tensor-core fragment order (cuda_packed.cuh),
+    // pk_rb row blocks of 16 per expert; null when not packed.
+    const uint4 *pk;
+    const uint32_t *psb;
+    int64_t pk_rb;
 };
 
 __host__ __device__ inline dmat dmat_expert(dmat m, int e) {
@@ -23,6 +28,10 @@ __host__ __device__ inline dmat dmat_expert(dmat m, int e) {
         m.q += r0 * (m.cols * m.bits / 32);
         m.s += r0 * (m.cols / m.group);
         m.b += r0 * (m.cols / m.group);
+        if (m.pk) {
+            m.pk += (int64_t)e * m.pk_rb * (m.cols / 64) * 32;
+            m.psb += (int64_t)e * m.pk_rb * (m.cols / 64) * 16;
+        }
     } else {
         m.w += r0 * m.cols;
     }

@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
 #undef GEMV_ROW
 }
 
-static inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
+__host__ __device__ inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
 
 // ---------------------------------------------------------------- matrix-matrix (prefill), tensor cores
 
