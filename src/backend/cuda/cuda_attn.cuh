@@ -7,16 +7,20 @@
 // (rows [0, pos + T) valid), KV head of h = h / (nh / nkv), pos = *d_pos (read on the
 // device: the kernel is also captured in CUDA graphs).
 //
-// Precision: every f32 operand x is split as x = hi + lo (both bf16) and a product is
-// hi_a*hi_b + hi_a*lo_b + lo_a*hi_b with f32 accumulation (three m16n8k16 MMAs): about
-// 16 bits of operand precision, ~1e-5 relative of f32 math. Softmax is online, in f32.
+// Precision: every f32 operand x is split as x = hi + lo (two 16-bit floats) and a
+// product is hi_a*hi_b + hi_a*lo_b + lo_a*hi_b with f32 accumulation (three m16n8k16
+// MMAs). Q K^T uses f16 pieces (~22 bits: q and k are RMS-normed, far inside the f16
+// range; values under 2^-14 keep an absolute error <= 2^-25), P V uses bf16 pieces
+// (~16 bits, f32's range: V is not normalised). Softmax is online, in f32. Emulated on
+// the CPU (exact fragment semantics), max|err| / max|ref| is 3e-6 .. 5e-6 against
+// double math, dominated by the bf16 split of V.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
-//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
+//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo f16, kept in shared memory
 //    (rows padded by 16 B so ldmatrix is bank-conflict free).
 //  - K/V tiles of 32 keys: cp.async (f32, 16 B chunks, zero-filled past the last key the
 //    block needs) into a staging buffer one tile ahead; each thread converts the chunks it
-//    copied itself into hi/lo bf16 tiles (so staging needs no barrier), then two barriers
+//    copied itself into hi/lo tiles (K f16, V bf16; staging needs no barrier), two barriers
 //    per tile. The copy of tile j+2 is in flight while tile j+1 is computed.
 //  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 3 MMAs per fragment pair, two
 //    accumulator sets (by k-step parity) for more independent MMA chains.
@@ -30,7 +34,7 @@
 //  hd 256: 200,704 B of shared memory (1 block / SM), <= 255 registers (no spills).
 //
 // Expected time, real case (T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
-// useful f32-equivalent work, 309 GFLOP of bf16 MMAs): per block and 32-key tile the
+// useful f32-equivalent work, 309 GFLOP of 16-bit MMAs): per block and 32-key tile the
 // SM moves ~512 KB through shared memory (ldmatrix 320 KB + staging/convert 192 KB),
 // ~4,000 cycles, while its MMAs need ~2,000-2,500; 512 blocks x ~97 tiles / 132 SMs
 // = ~376 tiles per SM -> ~1.5 M cycles -> ~0.9 ms at 1.75 GHz; we expect 1-1.5 ms
@@ -42,6 +46,8 @@
 #include <stdint.h>
 
 #include <atomic>
+
+#include <cuda_fp16.h>
 
 #include "cuda_common.cuh"
 
@@ -93,6 +99,13 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The same with f16 operands.
+__device__ __forceinline__ void mma16816h(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
 
@@ -104,12 +117,28 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t 
     lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-// Three-term split-bf16 product: c += (ah + al)(bh + bl) less al*bl.
+// (a, b) -> packed f16x2 hi and lo = (a, b) - hi.
+__device__ __forceinline__ void split2h(float a, float b, uint32_t &hi, uint32_t &lo) {
+    __half2 h = __floats2half2_rn(a, b);
+    const float2 hf = __half22float2(h);
+    __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+    hi = *reinterpret_cast<uint32_t *>(&h);
+    lo = *reinterpret_cast<uint32_t *>(&l);
+}
+
+// Three-term split product: c += (ah + al)(bh + bl) less al*bl; F16: f16 operands, else bf16.
+template <bool F16>
 __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
                                      uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    mma16816(c, al, bh0, bh1);
-    mma16816(c, ah, bl0, bl1);
-    mma16816(c, ah, bh0, bh1);
+    if (F16) {
+        mma16816h(c, al, bh0, bh1);
+        mma16816h(c, ah, bl0, bl1);
+        mma16816h(c, ah, bh0, bh1);
+    } else {
+        mma16816(c, al, bh0, bh1);
+        mma16816(c, ah, bl0, bl1);
+        mma16816(c, ah, bh0, bh1);
+    }
 }
 
 } // namespace lilac_fa
@@ -127,12 +156,12 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     pdl_wait();
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    __nv_bfloat16 *const Qh = reinterpret_cast<__nv_bfloat16 *>(fa_smem);
-    __nv_bfloat16 *const Ql = reinterpret_cast<__nv_bfloat16 *>(fa_smem + G::q_bytes);
-    __nv_bfloat16 *const Kh = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes);
-    __nv_bfloat16 *const Kl = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + G::t_bytes);
-    __nv_bfloat16 *const Vh = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + 2 * G::t_bytes);
-    __nv_bfloat16 *const Vl = reinterpret_cast<__nv_bfloat16 *>(fa_smem + 2 * G::q_bytes + 3 * G::t_bytes);
+    uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
+    uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
+    uint16_t *const Kh = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes);
+    uint16_t *const Kl = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + G::t_bytes);
+    uint16_t *const Vh = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + 2 * G::t_bytes);
+    uint16_t *const Vl = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + 3 * G::t_bytes);
     float *const Ks = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes);
     float *const Vs = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes + G::st_bytes);
 
@@ -170,8 +199,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             const float4 k4 = *reinterpret_cast<const float4 *>(Ks + c * 4);
             const float4 v4 = *reinterpret_cast<const float4 *>(Vs + c * 4);
             uint2 hi, lo;
-            fa::split2(k4.x, k4.y, hi.x, lo.x);
-            fa::split2(k4.z, k4.w, hi.y, lo.y);
+            fa::split2h(k4.x, k4.y, hi.x, lo.x);
+            fa::split2h(k4.z, k4.w, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Kh + key * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Kl + key * LDS + col) = lo;
             fa::split2(v4.x, v4.y, hi.x, lo.x);
@@ -193,8 +222,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
             uint2 hi, lo;
-            fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
-            fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
+            fa::split2h(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            fa::split2h(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
@@ -239,8 +268,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
                 uint32_t bh[4], bl[4];
                 fa::ldsm_x4(bh, sKh + 2u * (np * 16 * LDS + kk * 16));
                 fa::ldsm_x4(bl, sKl + 2u * (np * 16 * LDS + kk * 16));
-                fa::mma3(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
-                fa::mma3(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
+                fa::mma3<true>(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
+                fa::mma3<true>(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
             }
         }
         float s[BN / 8][4];
@@ -309,8 +338,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
                 uint32_t vh[4], vl[4];
                 fa::ldsm_x4_t(vh, sVh + 2u * (ks * 16 * LDS + dp * 16));
                 fa::ldsm_x4_t(vl, sVl + 2u * (ks * 16 * LDS + dp * 16));
-                fa::mma3(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
-                fa::mma3(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+                fa::mma3<false>(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
+                fa::mma3<false>(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
             }
         }
 

@@ -1,0 +1,226 @@
+// test_attn.cu — the tensor-core prefill attention (cuda_attn.cuh) against a
+// double-precision CPU reference, and its speed against k_attn (one split) on the
+// real model's shape. Run on the device: build/cuda-tests/test_attn
+//
+// Every case gets fresh random inputs; the cache rows past pos + T are NaN (the
+// kernel must not read them) and the output is poisoned with NaN before the launch
+// (every element must be written). Bar: max|err| / max|ref| <= 1e-4.
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/cuda/cuda_attn.cuh"
+#include "backend/cuda/cuda_kernels.cuh"
+
+#define CK(x)                                                                                                  \
+    do {                                                                                                       \
+        cudaError_t e_ = (x);                                                                                  \
+        if (e_ != cudaSuccess) {                                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                \
+            exit(2);                                                                                           \
+        }                                                                                                      \
+    } while (0)
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static float urand(float a) { // uniform in [-a, a)
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return a * (float)((double)(rng >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+struct Case {
+    int nh, nkv, hd, T, pos;
+};
+
+static double median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+// out[t][h][:] in double, as k_attn: softmax over keys j <= pos + t, gated.
+static void reference(const Case &c, const std::vector<float> &qg, const std::vector<float> &kc,
+                      const std::vector<float> &vc, std::vector<double> &ref) {
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, T = c.T, pos = c.pos;
+    const double scale = 1.0 / sqrt((double)hd);
+#pragma omp parallel
+    {
+        std::vector<double> s((size_t)pos + T), o((size_t)hd);
+#pragma omp for schedule(dynamic, 4)
+        for (int th = 0; th < T * nh; th++) {
+            const int t = th / nh, h = th % nh, kh = h / (nh / nkv), n = pos + t + 1;
+            const float *q = &qg[((size_t)t * nh + h) * 2 * hd];
+            double mx = -INFINITY;
+            for (int j = 0; j < n; j++) {
+                const float *k = &kc[((size_t)j * nkv + kh) * hd];
+                double d[4] = {0, 0, 0, 0};
+                for (int i = 0; i < hd; i += 4)
+                    for (int u = 0; u < 4; u++) d[u] += (double)q[i + u] * k[i + u];
+                s[(size_t)j] = (d[0] + d[1] + d[2] + d[3]) * scale;
+                mx = fmax(mx, s[(size_t)j]);
+            }
+            double l = 0;
+            std::fill(o.begin(), o.end(), 0.0);
+            for (int j = 0; j < n; j++) {
+                const double p = exp(s[(size_t)j] - mx);
+                l += p;
+                const float *v = &vc[((size_t)j * nkv + kh) * hd];
+                for (int i = 0; i < hd; i++) o[(size_t)i] += p * v[i];
+            }
+            for (int i = 0; i < hd; i++)
+                ref[((size_t)t * nh + h) * hd + i] = o[(size_t)i] / l / (1.0 + exp(-(double)q[hd + i]));
+        }
+    }
+}
+
+// max|got - ref| / max|ref|; NaN (an element not written, or a bad value) -> inf.
+static double rel_err(const std::vector<float> &got, const std::vector<double> &ref, size_t *n_nan) {
+    double md = 0, mr = 0;
+    *n_nan = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        mr = fmax(mr, fabs(ref[i]));
+        if (!isfinite(got[i])) {
+            (*n_nan)++;
+            continue;
+        }
+        md = fmax(md, fabs((double)got[i] - ref[i]));
+    }
+    return *n_nan ? INFINITY : md / mr;
+}
+
+static bool run_case(const Case &c, bool timed) {
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, T = c.T, pos = c.pos;
+    const size_t rows = (size_t)pos + T + 40; // 40 poisoned rows past the valid ones
+    const size_t nq = (size_t)T * nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)T * nh * hd;
+    std::vector<float> qg(nq), kc(nkvel), vc(nkvel);
+    for (size_t i = 0; i < nq; i++) {
+        const size_t d = i % (2 * (size_t)hd);
+        qg[i] = d < (size_t)hd ? urand(3.0f) : urand(4.0f); // query, gate
+    }
+    for (size_t i = 0; i < nkvel; i++) {
+        const bool valid = i / ((size_t)nkv * hd) < (size_t)pos + T;
+        kc[i] = valid ? urand(1.5f) : NAN;
+        vc[i] = valid ? urand(1.0f) : NAN;
+    }
+    float *dq, *dk, *dv, *dout;
+    int *dpos;
+    CK(cudaMalloc(&dq, nq * 4));
+    CK(cudaMalloc(&dk, nkvel * 4));
+    CK(cudaMalloc(&dv, nkvel * 4));
+    CK(cudaMalloc(&dout, no * 4));
+    CK(cudaMalloc(&dpos, sizeof(int)));
+    CK(cudaMemcpy(dq, qg.data(), nq * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, kc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, vc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, no * 4)); // NaN
+
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaError_t e = attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    bool ok = e == cudaSuccess;
+    if (!ok) printf("  launch/run error: %s\n", cudaGetErrorString(e));
+    std::vector<float> got(no);
+    CK(cudaMemcpy(got.data(), dout, no * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> ref(no);
+    reference(c, qg, kc, vc, ref);
+    size_t n_nan = 0;
+    const double err = rel_err(got, ref, &n_nan);
+    ok = ok && err <= 1e-4;
+    printf("%s nh=%2d nkv=%d hd=%3d T=%4d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, T, pos,
+           err);
+    if (n_nan) printf("  (%zu non-finite / unwritten elements)", n_nan);
+    printf("\n");
+    fflush(stdout);
+
+    if (timed && ok) {
+        const double flops = 4.0 * T * (pos + (T + 1) / 2.0) * nh * hd;
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        std::vector<float> ms;
+        for (int i = 0; i < 3; i++) CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st));
+        for (int i = 0; i < 20; i++) {
+            CK(cudaEventRecord(a, st));
+            CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st));
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float t;
+            CK(cudaEventElapsedTime(&t, a, b));
+            ms.push_back(t);
+        }
+        const double tn = median(ms);
+        printf("  time attn_prefill  %8.3f ms  %7.2f TFLOP/s (useful f32-equivalent, median of 20)\n", tn,
+               flops / tn * 1e-9);
+
+        // The peer: k_attn, one split, on the same inputs.
+        float *dout2;
+        CK(cudaMalloc(&dout2, no * 4));
+        CK(cudaMemset(dout2, 0xFF, no * 4));
+        const dim3 g((unsigned)nh, (unsigned)T, 1);
+        auto peer = [&]() {
+            switch (hd) {
+            case 64: k_attn<2><<<g, 128, 0, st>>>(dq, dk, dv, dpos, nh, nkv, dout2, nullptr); break;
+            case 128: k_attn<4><<<g, 128, 0, st>>>(dq, dk, dv, dpos, nh, nkv, dout2, nullptr); break;
+            default: k_attn<8><<<g, 128, 0, st>>>(dq, dk, dv, dpos, nh, nkv, dout2, nullptr); break;
+            }
+            CK(cudaGetLastError());
+        };
+        peer();
+        CK(cudaStreamSynchronize(st));
+        ms.clear();
+        for (int i = 0; i < 20; i++) {
+            CK(cudaEventRecord(a, st));
+            peer();
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float t;
+            CK(cudaEventElapsedTime(&t, a, b));
+            ms.push_back(t);
+        }
+        const double tp = median(ms);
+        CK(cudaMemcpy(got.data(), dout2, no * 4, cudaMemcpyDeviceToHost));
+        const double perr = rel_err(got, ref, &n_nan);
+        printf("  time k_attn (peer) %8.3f ms  %7.2f TFLOP/s  (its max|err|/max|ref| = %.3e)  speed-up %.1fx\n", tp,
+               flops / tp * 1e-9, perr, tp / tn);
+        CK(cudaFree(dout2));
+        CK(cudaEventDestroy(a));
+        CK(cudaEventDestroy(b));
+    }
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(dq));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dout));
+    CK(cudaFree(dpos));
+    return ok;
+}
+
+int main(void) {
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    std::vector<Case> cases;
+    for (int pos : {0, 5, 2048})
+        for (int T : {1, 17, 63, 64, 65, 2047, 2048}) cases.push_back({16, 2, 256, T, pos});
+    for (int pos : {0, 100})
+        for (int T : {1, 63, 64, 65, 300}) cases.push_back({4, 2, 64, T, pos});
+    cases.push_back({8, 2, 128, 100, 37});
+    cases.push_back({16, 2, 256, 64, 40000});
+    int pass = 0, fail = 0;
+    for (const Case &c : cases) {
+        const bool timed = c.nh == 16 && c.nkv == 2 && c.hd == 256 && c.T == 2048 && c.pos == 2048;
+        if (run_case(c, timed))
+            pass++;
+        else
+            fail++;
+    }
+    printf("%s: %d passed, %d failed\n", fail ? "FAIL" : "PASS", pass, fail);
+    return fail ? 1 : 0;
+}
