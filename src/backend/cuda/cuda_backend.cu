@@ -75,13 +75,14 @@ struct dmodel {
         size_t n;
         const char *name;
         void *d;
+        bool packed, keep; // read by a packed matrix / by a kernel that needs the MLX layout
     };
     std::vector<region> regions;
     void *pinned[2];
     cudaEvent_t ev[2];
     cudaStream_t stream;
     int flip;
-    size_t uploaded;
+    size_t uploaded, packed; // bytes copied from the host; bytes of packed copies made on the device
     dmat embed, lm_head;
     float *final_norm;
     std::vector<dlayer> layers;
@@ -101,6 +102,15 @@ static int staged_copy(dmodel *D, void *dst, const void *src, size_t n, lilac_er
     }
     D->uploaded += n;
     return 0;
+}
+
+static dmodel::region *region_of(dmodel *D, const void *p) {
+    const char *c = (const char *)p;
+    auto it = std::upper_bound(D->regions.begin(), D->regions.end(), c,
+                               [](const char *a, const dmodel::region &b) { return a < b.h; });
+    if (!p || it == D->regions.begin()) return nullptr;
+    --it;
+    return c < it->h + it->n ? &*it : nullptr;
 }
 
 // Device address of host pointer p, which points into some region (a tensor of
@@ -149,7 +159,11 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, boo
     d->s = (const __nv_bfloat16 *)dev_ptr(D, h->scales, err, &rc);
     d->b = (const __nv_bfloat16 *)dev_ptr(D, h->biases, err, &rc);
     d->w = (const __nv_bfloat16 *)dev_ptr(D, h->w, err, &rc);
-    if (rc < 0 || !pack || !pk_ok(*d) || !d->rows) return rc;
+    if (rc < 0) return rc;
+    const bool packs = pack && pk_ok(*d) && d->rows;
+    for (const void *hp : {(const void *)h->q, (const void *)h->scales, (const void *)h->biases, (const void *)h->w})
+        if (dmodel::region *r = region_of(D, hp)) (packs ? r->packed : r->keep) = true;
+    if (!packs) return 0;
     const int64_t rb = (d->rows + 15) / 16, n = (int64_t)d->n_experts * rb * (d->cols / 64) * 32;
     uint4 *pk = nullptr;
     uint32_t *psb = nullptr;
@@ -167,7 +181,9 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, boo
     d->pk = pk;
     d->psb = psb;
     d->pk_rb = rb;
-    D->uploaded += sizeof(uint4) * (size_t)n + sizeof(uint32_t) * (size_t)(n / 2);
+    d->q = nullptr; // the MLX-layout codes are freed after the upload (dmodel_upload)
+    d->s = d->b = nullptr;
+    D->packed += sizeof(uint4) * (size_t)n + sizeof(uint32_t) * (size_t)(n / 2);
     return 0;
 }
 
@@ -198,9 +214,10 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     D->m = m;
     for (int i = 0; i < m->st.n_tensors; i++)
-        D->regions.push_back({(const char *)m->st.tensors[i].data, m->st.tensors[i].nbytes, m->st.tensors[i].name, nullptr});
+        D->regions.push_back({(const char *)m->st.tensors[i].data, m->st.tensors[i].nbytes, m->st.tensors[i].name, nullptr,
+                              false, false});
     for (int i = 0; i < m->n_owned; i++)
-        D->regions.push_back({(const char *)m->owned[i], m->owned_bytes[i], "(quantized at load)", nullptr});
+        D->regions.push_back({(const char *)m->owned[i], m->owned_bytes[i], "(quantized at load)", nullptr, false, false});
     std::sort(D->regions.begin(), D->regions.end(),
               [](const dmodel::region &a, const dmodel::region &b) { return a.h < b.h; });
     CK(cudaStreamCreateWithFlags(&D->stream, cudaStreamNonBlocking));
@@ -242,10 +259,19 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
             return -1;
     }
     CK(cudaStreamSynchronize(D->stream));
+    // Tensors only packed matrices read are needed no more in the MLX layout.
+    size_t freed = 0;
+    for (dmodel::region &r : D->regions)
+        if (r.d && r.packed && !r.keep) {
+            D->allocs.erase(std::remove(D->allocs.begin(), D->allocs.end(), r.d), D->allocs.end());
+            CK(cudaFree(r.d));
+            r.d = nullptr;
+            freed += r.n;
+        }
     double t1 = lilac_now();
     if (getenv("LILAC_VERBOSE") || D->uploaded > (1u << 30))
-        fprintf(stderr, "lilac: uploaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", D->uploaded / 1e9,
-                t1 - t0, D->uploaded / 1e9 / (t1 - t0));
+        fprintf(stderr, "lilac: uploaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s); %.2f GB resident after packing\n",
+                D->uploaded / 1e9, t1 - t0, D->uploaded / 1e9 / (t1 - t0), (D->uploaded + D->packed - freed) / 1e9);
     return 0;
 }
 

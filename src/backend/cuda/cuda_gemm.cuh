@@ -13,9 +13,10 @@
 //
 // Tiles: 128 weight rows x 64 tokens x 64 columns (one group), 8 warps (4 x 2,
 // each 32 x 32), mma.sync m16n8k16; codes, xh/xl tiles and group sums flow
-// through a 3-stage cp.async pipeline. The A fragments are built in registers
-// straight from the packed words (nibble pairs -> bf16x2), B fragments come
-// from ldmatrix.
+// through a 3-stage cp.async pipeline. 4-bit codes come in the fragment order
+// of cuda_packed.cuh (one conflict-free 16-byte read per lane and row block, a
+// shift, a mask and a subtraction per fragment register); 8-bit codes in the
+// MLX layout. B fragments come from ldmatrix.
 #pragma once
 #include "cuda_common.cuh"
 
@@ -61,12 +62,9 @@ __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Codes 2t and 2t+1 of a packed word (8 codes, 4 bits each, code j at bits 4j)
-// as an exact bf16x2 pair: 128 + q has the bf16 exponent of 128 and q in the
-// mantissa; subtracting 128 leaves q.
-__device__ __forceinline__ uint32_t nib2_bf16(uint32_t w, int t) {
-    const uint32_t u = w >> (8 * t);
-    const uint32_t v = (u & 0xFu) | ((u & 0xF0u) << 12) | 0x43004300u;
+// Fragment register a_j (two codes) of a packed word as an exact bf16x2.
+__device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) {
+    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; // 128 + q in each half
     __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
     h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
     return *(const uint32_t *)&h;
@@ -175,12 +173,18 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
     // x 128 B of xh and of xl (4 chunks per thread), 64 group sums.
     auto load_stage = [&](int kt, int sidx) {
         g4_stage<BITS> &S = st[sidx];
+        if (BITS == 4) { // packed (cuda_packed.cuh): 8 row blocks x 512 B, one 16-byte chunk per thread
+            const int64_t rb = m0 / 16 + (tid >> 5);
+            const bool ok = rb < W.pk_rb;
+            cp_async16(&S.q[tid * 4], W.pk + (ok ? (rb * ng + kt) * 32 + (tid & 31) : 0), ok);
+        } else {
 #pragma unroll
-        for (int c = tid; c < G4_BM * QW / 4; c += 256) {
-            const int r = c / (QW / 4), h = c % (QW / 4);
-            const bool ok = m0 + r < W.rows;
-            const uint32_t *src = W.q + (ok ? (m0 + r) * wpr + (int64_t)kt * QW + h * 4 : 0);
-            cp_async16(&S.q[r * QLD + h * 4], src, ok);
+            for (int c = tid; c < G4_BM * QW / 4; c += 256) {
+                const int r = c / (QW / 4), h = c % (QW / 4);
+                const bool ok = m0 + r < W.rows;
+                const uint32_t *src = W.q + (ok ? (m0 + r) * wpr + (int64_t)kt * QW + h * 4 : 0);
+                cp_async16(&S.q[r * QLD + h * 4], src, ok);
+            }
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -212,12 +216,20 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
         const int64_t r = m0 + wm + (i >> 1) * 16 + (i & 1) * 8 + g;
         rows_g[i] = r < W.rows ? r : W.rows - 1;
     }
+    // scale and bias of row r, group G: packed pairs (4-bit) or the MLX arrays (8-bit)
+    auto scale_bias = [&](int64_t r, int64_t G, float &sv, float &bv) {
+        if (BITS == 4) {
+            const uint32_t u = __ldg(W.psb + ((r >> 4) * ng + G) * 16 + (r & 15));
+            sv = __uint_as_float(u << 16);
+            bv = __uint_as_float(u & 0xFFFF0000u);
+        } else {
+            sv = __bfloat162float(W.s[r * ng + G]);
+            bv = __bfloat162float(W.b[r * ng + G]);
+        }
+    };
     float sc[4], bi[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        sc[i] = __bfloat162float(W.s[rows_g[i] * ng]);
-        bi[i] = __bfloat162float(W.b[rows_g[i] * ng]);
-    }
+    for (int i = 0; i < 4; i++) scale_bias(rows_g[i], 0, sc[i], bi[i]);
 
 #pragma unroll
     for (int s = 0; s < G4_STAGES - 1; s++) {
@@ -235,10 +247,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
         float nsc[4], nbi[4];
         if (kt + 1 < nk) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                nsc[i] = __bfloat162float(W.s[rows_g[i] * ng + kt + 1]);
-                nbi[i] = __bfloat162float(W.b[rows_g[i] * ng + kt + 1]);
-            }
+            for (int i = 0; i < 4; i++) scale_bias(rows_g[i], kt + 1, nsc[i], nbi[i]);
         }
         const g4_stage<BITS> &S = st[kt % G4_STAGES];
         float p[2][4][4];
@@ -248,19 +257,23 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
             for (int b = 0; b < 4; b++)
 #pragma unroll
                 for (int c = 0; c < 4; c++) p[a][b][c] = 0.0f;
+        uint4 pw[2]; // 4-bit: this lane's packed words of the warp's two row blocks
+        if (BITS == 4) {
+            pw[0] = *(const uint4 *)&S.q[((wm / 16) * 32 + lane) * 4];
+            pw[1] = *(const uint4 *)&S.q[((wm / 16 + 1) * 32 + lane) * 4];
+        }
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
             uint32_t af[2][4];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
                 const int r0 = wm + mt * 16 + g;
-                if (BITS == 4) { // words 2ks, 2ks+1: columns 16ks..16ks+7, +8..+15
-                    const uint2 w0 = *(const uint2 *)&S.q[r0 * QLD + 2 * ks];
-                    const uint2 w1 = *(const uint2 *)&S.q[(r0 + 8) * QLD + 2 * ks];
-                    af[mt][0] = nib2_bf16(w0.x, t);
-                    af[mt][1] = nib2_bf16(w1.x, t);
-                    af[mt][2] = nib2_bf16(w0.y, t);
-                    af[mt][3] = nib2_bf16(w1.y, t);
+                if (BITS == 4) { // word ks holds the four fragment registers of k-step ks
+                    const uint32_t w = ks == 0 ? pw[mt].x : ks == 1 ? pw[mt].y : ks == 2 ? pw[mt].z : pw[mt].w;
+                    af[mt][0] = pk_frag(w, 0);
+                    af[mt][1] = pk_frag(w, 1);
+                    af[mt][2] = pk_frag(w, 2);
+                    af[mt][3] = pk_frag(w, 3);
                 } else { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
                     const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
                     af[mt][0] = byte2_bf16(q0[0], t & 1);

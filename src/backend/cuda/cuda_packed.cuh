@@ -58,14 +58,6 @@ __global__ void k_repack4(dmat W, int64_t RB, uint4 *pk, uint32_t *psb) {
     }
 }
 
-// Fragment register a_j (two codes) of a packed word as an exact bf16x2.
-__device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) {
-    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; // 128 + q in each half
-    __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
-    h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
-    return *(const uint32_t *)&h;
-}
-
 // Shared memory of k_gemv_tc for inputs of `cols` columns: the f32 staging of
 // k_gemv (row_dot reads it), then bf16 hi and lo pairs, then the group sums.
 static inline size_t gemv_tc_smem(int64_t cols) {
