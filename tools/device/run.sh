@@ -3,7 +3,8 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|bench|profile]      (default: full)
+#   bash tools/device/run.sh [quick|full|bench|profile|hf]      (default: full)
+#   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #
 # Inputs it can use when present (carried by the device tool, git-ignored):
 #   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
@@ -45,13 +46,21 @@ if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) a
     exit 0
 fi
 
-# 1. Correctness: CUDA against the CPU reference.
-[ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
-step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
-step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+# 1. Correctness: each kernel test program (tests/cuda/test_*.cu) against its CPU
+# reference, then the whole model: CUDA against the CPU reference.
+[ "$MODE" = hf ] || for t in tests/cuda/test_*.cu; do
+    n=$(basename "$t" .cu)
+    make -j"$NPROC" WERROR= "build/cuda-tests/$n" > "$LOGS/build-$n.log" 2>&1 || { echo "build $n failed"; tail -5 "$LOGS/build-$n.log"; continue; }
+    step "kernel-$n" "./build/cuda-tests/$n"
+done
+[ "$MODE" != hf ] && [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
+if [ "$MODE" != hf ]; then
+    step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
+    step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+fi
 # HF transformers (on the device, f32) as an outside oracle for the CUDA path, on the HF bf16
 # layout of the tiny oracle checkpoint (lilac loads that layout directly).
-[ -d .devdata/tiny-hf ] && step test-hf python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128
+[ "$MODE" != hf ] && [ -d .devdata/tiny-hf ] && step test-hf python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128
 if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" = full ]; then
     step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
@@ -65,8 +74,19 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
 fi
-for f in test-tiny test-real-dims test-hf profile bench; do [ -f "$LOGS/$f.log" ] && cp "$LOGS/$f.log" "$OUT/"; done
+# 3. The full-size checkpoint against HF transformers (f32 oracle; top-1 and perplexity),
+#    and HF transformers as the speed peer (bf16) on the same weights.
+if [ "$MODE" = hf ]; then
+    step synth-full ./build/lilac synth --out /tmp/full --seed 7
+    step hf-full-check python3 tools/device/hf_full.py /tmp/full --check --lilac build/lilac --backend cuda --n ${HF_N:-256} \
+        --json "$OUT/hf_check_full.json"
+    step hf-full-bench python3 tools/device/hf_full.py /tmp/full --bench --prompt-lens ${LENS:-256,1024,4096} \
+        --decode-steps ${STEPS:-64} --rounds ${ROUNDS:-2} --json "$OUT/hf_bench.json"
+fi
+for f in "$LOGS"/kernel-*.log "$LOGS"/test-*.log "$LOGS"/hf-*.log "$LOGS"/profile.log "$LOGS"/bench.log; do
+    [ -f "$f" ] && cp "$f" "$OUT/"
+done
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
-grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log 2>/dev/null
+grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/hf-*.log 2>/dev/null
 [ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"

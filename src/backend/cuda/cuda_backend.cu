@@ -23,6 +23,7 @@ extern "C" {
 #include "cuda_sample.cuh"
 #include "cuda_gemm.cuh"
 #include "cuda_packed.cuh"
+#include "cuda_attn.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -738,7 +739,12 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, hd,
         c->rotary_dim, c->rope_theta, c->rms_eps);
     CKL();
-    const int S = T == 1 ? ATT_SPLITS : 1;
+    if (T > 1) { // prefill: tensor-core flash attention (cuda_attn.cuh)
+        CK(attn_prefill_launch(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, T, nh, nkv, hd, s->att, s->st));
+        prof_mark(s, PH_ATTN_CORE);
+        return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
+    }
+    const int S = ATT_SPLITS;
     dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
 #define ATT(DPL) pdl_launch(s, k_attn<DPL>, g, 128, 0, s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, s->att, s->part)
     switch (hd) {
