@@ -1,5 +1,9 @@
 /* test_cuda.c — the CUDA backend against the CPU reference (run on the device:
- * tools/device/run.sh). Usage: test_cuda MODEL_DIR [--quick]
+ * tools/device/run.sh). Usage: test_cuda MODEL_DIR [--quick] [--lens 1,63,64,...]
+ *  (--lens replaces the list of teacher-forced prompt lengths; each must be <= 4096.
+ *  Run over `lilac synth --router ties|one|skew` checkpoints it tests the routing
+ *  pipeline under skew: every token to experts 0..7, to one expert, to a few hot
+ *  ones, most experts empty; the checkpoint's lilac_note names the mode.)
  *  - teacher-forced logits at prompt lengths around every path boundary (GEMV
  *    for <= 8 tokens, tensor-core GEMM above, grouped experts above 64 slots, the
  *    2048-token prefill chunk): top-1 agreement >= 99% and
@@ -21,6 +25,7 @@ static lilac_model M;
 static const lilac_backend *CPU, *GPU;
 static lilac_session *scpu, *sgpu;
 static bool quick;
+static int user_lens[64], n_user_lens; /* --lens */
 
 static void make_ids(int32_t *ids, int n, uint32_t seed) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((((uint64_t)(i + seed) * 2654435761u) >> 7) % (uint64_t)M.cfg.vocab);
@@ -71,8 +76,8 @@ static void check_prefill_len(int n) {
 static void test_prefill_lengths(void) {
     const int quick_lens[] = {1, 5, 8, 9, 63, 64, 65, 200};
     const int full_lens[] = {1, 5, 8, 9, 63, 64, 65, 300, 2047, 2048, 2049};
-    const int *lens = quick ? quick_lens : full_lens;
-    int n = quick ? 8 : 11;
+    const int *lens = n_user_lens ? user_lens : quick ? quick_lens : full_lens;
+    int n = n_user_lens ? n_user_lens : quick ? 8 : 11;
     for (int i = 0; i < n; i++) check_prefill_len(lens[i]);
 }
 
@@ -151,9 +156,44 @@ static void test_snapshot(void) {
     free(y);
 }
 
+/* "1,63,64" -> user_lens; false on anything else (or a length outside 1..4096). */
+static bool parse_lens(const char *s) {
+    n_user_lens = 0;
+    while (*s) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || n_user_lens == 64 || (*end && *end != ',')) return false;
+        user_lens[n_user_lens++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return n_user_lens > 0;
+}
+
+/* The checkpoint's "lilac_note" (synth's router mode), if any, for the log. */
+static void print_note(const char *dir) {
+    char path[4096], buf[8192];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *k = strstr(buf, "\"lilac_note\": \"");
+    if (!k) return;
+    k += strlen("\"lilac_note\": \"");
+    const char *e = strchr(k, '"');
+    if (e) printf("note: %.*s\n", (int)(e - k), k);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2) { fprintf(stderr, "usage: test_cuda MODEL_DIR [--quick]\n"); return 2; }
-    quick = argc > 2 && !strcmp(argv[2], "--quick");
+    const char *usage = "usage: test_cuda MODEL_DIR [--quick] [--lens 1,63,64,...]\n";
+    if (argc < 2) { fputs(usage, stderr); return 2; }
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--lens") && i + 1 < argc && parse_lens(argv[i + 1])) i++;
+        else if (!strncmp(argv[i], "--lens=", 7) && parse_lens(argv[i] + 7)) {}
+        else { fprintf(stderr, "test_cuda: bad argument \"%s\"\n%s", argv[i], usage); return 2; }
+    }
     lilac_err err = {{0}};
     if (lilac_model_load(&M, argv[1], &err) < 0) { fprintf(stderr, "%s\n", err.msg); return 2; }
     CPU = lilac_backend_get("cpu", &err);
@@ -163,6 +203,7 @@ int main(int argc, char **argv) {
     sgpu = GPU->session_new(&M, 4096, 0, &err);
     if (!scpu || !sgpu) { fprintf(stderr, "%s\n", err.msg); return 2; }
     printf("model %s\n", argv[1]);
+    print_note(argv[1]);
     TEST(test_prefill_lengths);
     TEST(test_incremental);
     TEST(test_greedy);

@@ -198,7 +198,7 @@ static std::vector<int32_t> episode(cuda_sampler *ds, lilac_sampler *hs, int V, 
 
 int main(int argc, char **argv) {
     bool quick = false;
-    int vocabs[8] = {248320, 50000, 1000, 37, 2, 1}, NV = 6, nsel = 0;
+    int vocabs[8] = {248320, 50000, 5003, 1003, 37, 2, 1}, NV = 7, nsel = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc && nsel < 8) vocabs[nsel++] = atoi(argv[++i]), NV = nsel;

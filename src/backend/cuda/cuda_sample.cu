@@ -95,6 +95,19 @@ __device__ __forceinline__ u64 smp_fixed(float e, double fscale) {
     return m ? m : 1;
 }
 
+// Buckets of entries 8g .. 8g+7 (fewer in the last group) into b[8] (0xffff past V):
+// one 16-byte load. k3 reads the vocabulary with a single block, where loads in
+// flight, not instructions, set the pace.
+__device__ __forceinline__ void smp_bkt8(const unsigned short *bkt, int V, int g, unsigned *b) {
+    if (8 * g + 8 <= V) {
+        const uint4 q = reinterpret_cast<const uint4 *>(bkt)[g];
+        const unsigned wd[4] = {q.x, q.y, q.z, q.w};
+        for (int k = 0; k < 8; k++) b[k] = (wd[k >> 1] >> (k & 1 ? 16 : 0)) & 0xffffu;
+    } else {
+        for (int k = 0; k < 8; k++) b[k] = 8 * g + k < V ? bkt[8 * g + k] : 0xffffu;
+    }
+}
+
 __device__ __forceinline__ u64 smp_warp_sum64(u64 v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(SMP_FULL, v, o);
     return v;
@@ -382,25 +395,35 @@ __device__ void smp_load(const smp_args &a, const smp_params &p, smp_sh &sh, uns
     const int t = threadIdx.x, bd = blockDim.x, lane = t & 31;
     if (t == 0) { sh.nbuf = 0; sh.loaded = 0; }
     __syncthreads();
-    for (int base = 0; base < a.V; base += bd) {
-        const int i = base + t;
-        bool ok = false;
-        u64 k = 0;
-        if (i < a.V) {
-            const unsigned b = a.bkt[i];
-            if (b >= blo && b <= bhi) {
-                k = smp_k64(a.w[i], i);
-                ok = shift >= 64 || (k >> shift) == pfx;
+    const int ng = (a.V + 7) / 8;
+    const unsigned range = bhi - blo;
+    for (int base = 0; base < ng; base += bd) {  // uniform trip count: warp votes below
+        const int g = base + t;
+        unsigned b[8], hit = 0;
+        if (g < ng) {
+            smp_bkt8(a.bkt, a.V, g, b);
+            for (int k = 0; k < 8; k++) hit |= (unsigned)(b[k] - blo <= range) << k;  // blo <= b <= bhi
+            if (hit && shift < 64)
+                for (int k = 0; k < 8; k++)
+                    if ((hit >> k & 1) && (smp_k64(a.w[8 * g + k], 8 * g + k) >> shift) != pfx) hit &= ~(1u << k);
+        }
+        if (!__any_sync(SMP_FULL, hit != 0)) continue;
+        // the warp's matches go to consecutive slots: exclusive prefix of the counts
+        const unsigned c = (unsigned)__popc(hit);
+        unsigned incl = c;
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned y = __shfl_up_sync(SMP_FULL, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const unsigned wtot = __shfl_sync(SMP_FULL, incl, 31);
+        unsigned wbase = 0;
+        if (lane == 0) wbase = atomicAdd(&sh.nbuf, wtot);
+        unsigned pos = __shfl_sync(SMP_FULL, wbase, 0) + incl - c;
+        for (int k = 0; k < 8; k++)
+            if (hit >> k & 1) {
+                if (pos < SMP_CAP) sh.buf[pos] = smp_k64(a.w[8 * g + k], 8 * g + k);
+                pos++;
             }
-        }
-        const unsigned bal = __ballot_sync(SMP_FULL, ok);
-        if (bal) {
-            const int lead = __ffs(bal) - 1;
-            unsigned pos = 0;
-            if (lane == lead) pos = atomicAdd(&sh.nbuf, (unsigned)__popc(bal));
-            pos = __shfl_sync(SMP_FULL, pos, lead) + (unsigned)__popc(bal & ((1u << lane) - 1u));
-            if (ok && pos < SMP_CAP) sh.buf[pos] = k;
-        }
     }
     __syncthreads();
     const unsigned m = sh.nbuf;
@@ -443,16 +466,22 @@ __device__ void smp_radix(const smp_args &a, const smp_params &p, smp_sh &sh, un
             sh.u.h.mass[i] = 0;
         }
         __syncthreads();
-        for (int base = 0; base < a.V; base += bd) {
-            const int i = base + t;
-            bool ok = i < a.V && a.bkt[i] == d0;
-            u64 k = 0, m = 0;
-            if (ok) {
-                k = smp_k64(a.w[i], i);
-                if (prev < 64) ok = (k >> prev) == pfx;
-                m = smp_fixed(a.e[i], p.fscale);
+        const int ng = (a.V + 7) / 8;
+        for (int base = 0; base < ng; base += bd) {  // uniform trip count: smp_hist_add needs whole warps
+            const int g = base + t;
+            unsigned b[8];
+            if (g < ng) smp_bkt8(a.bkt, a.V, g, b);
+            for (int j = 0; j < 8; j++) {
+                const int i = 8 * g + j;
+                bool ok = g < ng && b[j] == d0;
+                u64 k = 0, m = 0;
+                if (ok) {
+                    k = smp_k64(a.w[i], i);
+                    if (prev < 64) ok = (k >> prev) == pfx;
+                    m = smp_fixed(a.e[i], p.fscale);
+                }
+                smp_hist_add(sh.u.h.cnt, sh.u.h.mass, ok, ok ? (unsigned)((k >> shift) & (nd - 1)) : 0u, m);
             }
-            smp_hist_add(sh.u.h.cnt, sh.u.h.mass, ok, ok ? (unsigned)((k >> shift) & (nd - 1)) : 0u, m);
         }
         __syncthreads();
         smp_find(sh.u.h.cnt, sh.u.h.mass, (int)nd, true, bymass, target, bc, bm, sh);

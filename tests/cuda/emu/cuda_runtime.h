@@ -45,6 +45,10 @@ struct dim3 {
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
 namespace cuemu {
 struct idx3 {
     unsigned x, y, z;
