@@ -296,6 +296,7 @@ struct lilac_session {
     float *xsum;
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
+    int *tail_done; // arrival counters of the GEMV tails (gemv_tail), two per layer
     // decode
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
@@ -444,6 +445,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
+             dalloc(s, &s->tail_done, (size_t)(2 * c->n_layers), err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
              cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess;
     }
@@ -497,11 +499,18 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 // One GEMV launch for a job (see gemv_job); `slots` > 0: expert mode over topi.
 // Rows per warp (1, 2 or 4): the most that still gives two blocks per SM, so
 // small matrices spread over the whole GPU and large ones amortise the staging.
+// Every 4-bit matrix of the job packed: the tensor-core GEMV (cuda_packed.cuh),
+// which can also run a tail (gemv_tail).
+static bool gemv_uses_tc(int n, const dmat *W) {
+    for (int i = 0; i < n; i++)
+        if (W[i].type == 0 && W[i].bits == 4 && !W[i].pk) return false;
+    return true;
+}
+
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    bool tc = true; // every 4-bit matrix packed: the tensor-core GEMV (cuda_packed.cuh)
-    for (int i = 0; i < j.n; i++)
-        if (j.W[i].type == 0 && j.W[i].bits == 4 && !j.W[i].pk) tc = false;
+    const bool tc = gemv_uses_tc(j.n, j.W);
+    if (j.tail.kind != TAIL_NONE && !tc) return lilac_fail(err, "internal: GEMV tail without the tensor-core GEMV");
     if (tc) {
         const int ns = gemv_tc_ns(j.W[0].cols / 64);
         for (int i = 0; i < j.n; i++) {
@@ -627,7 +636,7 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
 // the normalised row when later kernels need it). Several tokens: s->xn holds
 // the normalised rows already, one GEMM per matrix.
 static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, int T,
-                      const float *gain, float *xn_out, lilac_err *err) {
+                      const float *gain, float *xn_out, lilac_err *err, const gemv_tail *tail = nullptr) {
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
         // one split of xn; one GEMM launch per bit width for the quantized matrices
@@ -649,6 +658,7 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
         return 0;
     }
     gemv_job j = job_of(n, W, y, ldy);
+    if (tail) j.tail = *tail;
     j.gain = gain;
     j.xn_out = xn_out;
     j.eps = s->m->cfg.rms_eps;
@@ -765,7 +775,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
 // next_gain (several tokens): the following layer's input-norm gain, fused into
 // the combine; null after the last layer and for one token (whose next GEMV
 // normalises the residual stream itself).
-static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next_gain, lilac_err *err) {
+static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const float *next_gain, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
     const int E = c->n_experts, K = c->top_k, slots = T * K;
@@ -774,11 +784,26 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
     const dmat W[4] = {d.router, d.sh_gate, d.sh_up, d.sh_expert_gate};
     float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
     const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
-    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
-    prof_mark(s, PH_MOE_ROUTE);
     const bool grouped = slots > 64;
-    bool shared_done = false;
-    if (E <= 32)
+    // One token: the top-k runs in the router GEMV's last block (gemv_tail).
+    gemv_tail tk;
+    memset(&tk, 0, sizeof tk);
+    if (T == 1 && E <= 256 && gemv_uses_tc(4, W)) {
+        tk.kind = TAIL_TOPK;
+        tk.done = s->tail_done + 2 * l;
+        tk.logits = s->rlog;
+        tk.E = E;
+        tk.K = K;
+        tk.norm = c->norm_topk;
+        tk.topi = s->topi;
+        tk.topw = s->topw;
+    }
+    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err, &tk) < 0) return -1;
+    prof_mark(s, PH_MOE_ROUTE);
+    bool shared_done = false, combined = false;
+    if (tk.kind != TAIL_NONE) {
+        // done
+    } else if (E <= 32)
         pdl_launch(s, k_topk_reg<1>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
     else if (E <= 64)
         pdl_launch(s, k_topk_reg<2>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
@@ -807,6 +832,18 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
         jd.xoff[1] = SI;
         jd.plain[1] = 1;
         if (d.sh_down.cols != I || T > 1) jd.n = 1; /* one token only; same widths to share the staging */
+        if (jd.n == 2 && gemv_uses_tc(2, Wd)) { // the MoE combine in the down GEMV's last block
+            jd.tail.kind = TAIL_COMBINE;
+            jd.tail.done = s->tail_done + 2 * l + 1;
+            jd.tail.x = s->x;
+            jd.tail.ye = s->ye;
+            jd.tail.shy = s->shy;
+            jd.tail.sg = s->sg;
+            jd.tail.topw = s->topw;
+            jd.tail.K = K;
+            jd.tail.H = H;
+            combined = true;
+        }
         if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
         shared_done = jd.n == 2;
     } else {
@@ -841,6 +878,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int T, const float *next
     }
     prof_mark(s, PH_MOE_EXPERTS);
     if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
+    if (combined) return 0;
     const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H + 255) / 256));
     pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
@@ -876,7 +914,7 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
         }
         prof_mark(s, PH_EMBED);
         const float *next = T > 1 && l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr;
-        if (moe_layer(s, d, T, next, err) < 0) return -1;
+        if (moe_layer(s, d, l, T, next, err) < 0) return -1;
         prof_mark(s, PH_MOE_SHARED);
     }
     return 0;

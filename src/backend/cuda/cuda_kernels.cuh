@@ -58,6 +58,25 @@ enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
 // added to what is there when accum[i] (the residual stream: one warp owns a row,
 // so no two writers meet). XM_NORM: the input is rmsnorm(x) * gain, computed by
 // every block while staging; block (0,0) also writes it to xn_out when given.
+// One-token work that needs every output of a GEMV launch, done by the block
+// that finishes last (it sees the arrival counter reach the grid size): the
+// router's top-k after the router GEMV, the MoE combine after the down GEMV.
+// Saves a dependent launch each (decode is bound by the number of kernels).
+enum { TAIL_NONE = 0, TAIL_TOPK = 1, TAIL_COMBINE = 2 };
+struct gemv_tail {
+    int kind;
+    int *done; // arrival counter, zero between launches (the last block resets it)
+    // top-k: logits[E] -> topi/topw[K] (E <= 256)
+    const float *logits;
+    int E, K, norm;
+    int *topi;
+    float *topw;
+    // combine: x[h] += sigmoid(sg[0]) shy[h] + sum_k topw[k] ye[k*H + h]
+    float *x;
+    const float *ye, *shy, *sg;
+    int64_t H;
+};
+
 struct gemv_job {
     dmat W[GEMV_MATS];
     float *y[GEMV_MATS];
@@ -71,6 +90,7 @@ struct gemv_job {
     const float *gain;
     float *xn_out;
     float eps;
+    gemv_tail tail;
 };
 
 // Input element c: plain x[c], or silu(x[c]) * x[xoff + c].
@@ -891,16 +911,15 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
 // The same router top-k with the probabilities in registers (E <= 32 * PL):
 // every round is a warp argmax by shuffles only.
 template <int PL>
-__global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
-    pdl_wait();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    const float *lg = logits + (int64_t)t * E;
+__device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int norm, int *topi, float *topw, int *counts,
+                                          int t) {
+    const int lane = threadIdx.x & 31;
     float p[PL];
     float mx = -INFINITY;
 #pragma unroll
     for (int u = 0; u < PL; u++) {
         const int e = lane + 32 * u;
-        p[u] = e < E ? lg[e] : -INFINITY;
+        p[u] = e < E ? __ldcg(lg + e) : -INFINITY; // L2: may have been written by other blocks of this grid
         mx = fmaxf(mx, p[u]);
     }
     mx = warp_max(mx);
@@ -930,7 +949,13 @@ __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *top
             if (counts) atomicAdd(&counts[idx], 1);
         }
     }
+    __syncwarp();
     if (norm && lane < K) topw[t * K + lane] = topw[t * K + lane] / tot;
+}
+template <int PL>
+__global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
+    pdl_wait();
+    topk_warp<PL>(logits + (int64_t)blockIdx.x * E, E, K, norm, topi, topw, counts, blockIdx.x);
 }
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and
@@ -1015,4 +1040,29 @@ __global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring
         }
         if (d_pos) *d_pos += 1;
     }
+}
+
+// The tail of a GEMV launch (see gemv_tail): every block arrives; the last one runs it.
+__device__ __forceinline__ void gemv_tail_run(const gemv_tail &tl) {
+    if (tl.kind == TAIL_NONE) return;
+    __shared__ int last;
+    __syncthreads(); // this block's outputs are written
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(tl.done, 1) == (int)(gridDim.x * gridDim.y) - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tl.kind == TAIL_TOPK) {
+        if (threadIdx.x < 32) topk_warp<8>(tl.logits, tl.E, tl.K, tl.norm, tl.topi, tl.topw, nullptr, 0);
+    } else {
+        const float gs = 1.0f / (1.0f + expf(-__ldcg(tl.sg)));
+        for (int64_t h = threadIdx.x; h < tl.H; h += blockDim.x) {
+            float a = gs * __ldcg(tl.shy + h);
+            for (int k = 0; k < tl.K; k++) a += tl.topw[k] * __ldcg(tl.ye + (int64_t)k * tl.H + h);
+            tl.x[h] += a;
+        }
+    }
+    if (threadIdx.x == 0) *tl.done = 0;
 }

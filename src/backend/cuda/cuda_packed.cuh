@@ -94,6 +94,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(gemv_job job, const float *x, i
     const bool routed = topi && !job.plain[mi];
     if (topi && !routed && blockIdx.y > 0) {
         pdl_wait();
+        gemv_tail_run(job.tail);
         return;
     }
     if (routed) {
@@ -183,6 +184,7 @@ __global__ void __launch_bounds__(256) k_gemv_tc(gemv_job job, const float *x, i
             if (job.accum[mi]) y[r] += v;
             else y[r] = v;
         }
+        gemv_tail_run(job.tail);
         return;
     }
     float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
@@ -225,4 +227,5 @@ __global__ void __launch_bounds__(256) k_gemv_tc(gemv_job job, const float *x, i
             else y[row] = v;
         }
     }
+    gemv_tail_run(job.tail);
 }
