@@ -58,6 +58,14 @@ if [ "$MODE" != hf ]; then
     step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
     step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
 fi
+# The routing pipeline under skew (every token to experts 0..7 / to one expert / to a few hot
+# ones, most experts empty) at the prompt lengths around each path boundary.
+if [ "$MODE" = full ]; then
+    for r in ties one skew; do
+        step "synth-$r" ./build/lilac synth --out "/tmp/skew-$r" --layers 2 --vocab 8192 --seed 3 --router "$r"
+        step "test-skew-$r" ./build/cuda-tests/test_cuda "/tmp/skew-$r" --lens 1,63,64,65,2047,2049
+    done
+fi
 # HF transformers (on the device, f32) as an outside oracle for the CUDA path, on the HF bf16
 # layout of the tiny oracle checkpoint (lilac loads that layout directly).
 [ "$MODE" != hf ] && [ -d .devdata/tiny-hf ] && step test-hf python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128
@@ -70,6 +78,8 @@ fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     step synth-full ./build/lilac synth --out /tmp/full --seed 7
     step info-full ./build/lilac info --model /tmp/full
+    # the full-size checkpoint: CUDA against the CPU reference (64 teacher-forced positions, decode, snapshots)
+    [ "$MODE" = full ] && step test-full-size ./build/cuda-tests/test_cuda /tmp/full --lens 64
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
