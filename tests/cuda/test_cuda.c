@@ -24,7 +24,7 @@
 static lilac_model M;
 static const lilac_backend *CPU, *GPU;
 static lilac_session *scpu, *sgpu;
-static bool quick;
+static bool quick, prefill_only;
 static int user_lens[64], n_user_lens; /* --lens */
 
 static void make_ids(int32_t *ids, int n, uint32_t seed) {
@@ -192,10 +192,11 @@ static void print_note(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    const char *usage = "usage: test_cuda MODEL_DIR [--quick] [--lens 1,63,64,...]\n";
+    const char *usage = "usage: test_cuda MODEL_DIR [--quick] [--lens 1,63,64,...] [--prefill-only]\n";
     if (argc < 2) { fputs(usage, stderr); return 2; }
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--prefill-only")) prefill_only = true;
         else if (!strcmp(argv[i], "--lens") && i + 1 < argc && parse_lens(argv[i + 1])) i++;
         else if (!strncmp(argv[i], "--lens=", 7) && parse_lens(argv[i] + 7)) {}
         else { fprintf(stderr, "test_cuda: bad argument \"%s\"\n%s", argv[i], usage); return 2; }
@@ -211,8 +212,10 @@ int main(int argc, char **argv) {
     printf("model %s\n", argv[1]);
     print_note(argv[1]);
     TEST(test_prefill_lengths);
-    TEST(test_incremental);
-    TEST(test_greedy);
+    if (!prefill_only) { /* --prefill-only: the chosen sequences alone (see tools/device/run.sh) */
+        TEST(test_incremental);
+        TEST(test_greedy);
+    }
     TEST(test_snapshot);
     GPU->session_free(sgpu);
     CPU->session_free(scpu);
