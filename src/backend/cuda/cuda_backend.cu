@@ -496,71 +496,31 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
     return cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
 }
 
-// One GEMV launch for a job (see gemv_job); `slots` > 0: expert mode over topi.
-// Rows per warp (1, 2 or 4): the most that still gives two blocks per SM, so
-// small matrices spread over the whole GPU and large ones amortise the staging.
-// Every 4-bit matrix of the job packed: the tensor-core GEMV (cuda_packed.cuh),
-// which can also run a tail (gemv_tail).
-static bool gemv_uses_tc(int n, const dmat *W) {
-    for (int i = 0; i < n; i++)
-        if (W[i].type == 0 && W[i].bits == 4 && !W[i].pk) return false;
-    return true;
-}
-
+// One GEMV launch for a job (see gemv_job, k_gemv in cuda_packed.cuh); `slots`
+// > 0: expert mode over topi. Packed matrices go 16 rows at a time on the
+// tensor cores, NS warps per row block (each at least 4 groups of 64 columns
+// when it can); the others one row per warp.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    const bool tc = gemv_uses_tc(j.n, j.W);
-    if (j.tail.kind != TAIL_NONE && !tc) return lilac_fail(err, "internal: GEMV tail without the tensor-core GEMV");
-    if (tc) {
-        const int ns = gemv_tc_ns(j.W[0].cols / 64);
-        for (int i = 0; i < j.n; i++) {
-            const int rpb = gemv_tc_rows_per_block(j.W[i], ns);
-            j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
-        }
-        const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
-        const size_t sm = gemv_tc_smem(j.W[0].cols);
-#define TC_GO(XM, NS) pdl_launch(s, k_gemv_tc<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
-#define TC_NS_SWITCH(XM)                 \
-    switch (ns) {                        \
-    case 8: TC_GO(XM, 8); break;         \
-    case 4: TC_GO(XM, 4); break;         \
-    case 2: TC_GO(XM, 2); break;         \
-    default: TC_GO(XM, 1); break;        \
-    }
-        if (xm == XM_SWIGLU) { TC_NS_SWITCH(XM_SWIGLU) }
-        else if (xm == XM_NORM) { TC_NS_SWITCH(XM_NORM) }
-        else { TC_NS_SWITCH(XM_PLAIN) }
-#undef TC_NS_SWITCH
-#undef TC_GO
-        CKL();
-        return 0;
-    }
-    int rpw = 4;
-    for (;; rpw /= 2) {
-        int64_t blocks = 0;
-        for (int i = 0; i < j.n; i++) {
-            const int rpb = gemv_rows_per_block(j.W[i], rpw);
-            blocks += (j.W[i].rows + rpb - 1) / rpb;
-        }
-        if (rpw == 1 || blocks * (slots > 0 ? slots : 1) >= 2 * s->n_sm) break;
-    }
+    const int ns = gemv_ns(j.W[0].cols / 64);
     for (int i = 0; i < j.n; i++) {
-        const int rpb = gemv_rows_per_block(j.W[i], rpw);
+        const int rpb = gemv_rows_per_block(j.W[i], ns);
         j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
     }
     const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
-    const size_t sm = gemv_smem(j.W[0].cols);
-#define GEMV_GO(XM, R) pdl_launch(s, k_gemv<XM, R>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
-#define GEMV_RPW_SWITCH(XM)                    \
-    switch (rpw) {                             \
-    case 4: GEMV_GO(XM, 4); break;             \
-    case 2: GEMV_GO(XM, 2); break;             \
-    default: GEMV_GO(XM, 1); break;            \
+    const size_t sm = gemv_smem_all(j.W[0].cols);
+#define GEMV_GO(XM, NS) pdl_launch(s, k_gemv<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
+#define GEMV_NS_SWITCH(XM)                 \
+    switch (ns) {                          \
+    case 8: GEMV_GO(XM, 8); break;         \
+    case 4: GEMV_GO(XM, 4); break;         \
+    case 2: GEMV_GO(XM, 2); break;         \
+    default: GEMV_GO(XM, 1); break;        \
     }
-    if (xm == XM_SWIGLU) { GEMV_RPW_SWITCH(XM_SWIGLU) }
-    else if (xm == XM_NORM) { GEMV_RPW_SWITCH(XM_NORM) }
-    else { GEMV_RPW_SWITCH(XM_PLAIN) }
-#undef GEMV_RPW_SWITCH
+    if (xm == XM_SWIGLU) { GEMV_NS_SWITCH(XM_SWIGLU) }
+    else if (xm == XM_NORM) { GEMV_NS_SWITCH(XM_NORM) }
+    else { GEMV_NS_SWITCH(XM_PLAIN) }
+#undef GEMV_NS_SWITCH
 #undef GEMV_GO
     CKL();
     return 0;
@@ -788,7 +748,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     // One token: the top-k runs in the router GEMV's last block (gemv_tail).
     gemv_tail tk;
     memset(&tk, 0, sizeof tk);
-    if (T == 1 && E <= 256 && gemv_uses_tc(4, W)) {
+    if (T == 1 && E <= 256) {
         tk.kind = TAIL_TOPK;
         tk.done = s->tail_done + 2 * l;
         tk.logits = s->rlog;
@@ -832,7 +792,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         jd.xoff[1] = SI;
         jd.plain[1] = 1;
         if (d.sh_down.cols != I || T > 1) jd.n = 1; /* one token only; same widths to share the staging */
-        if (jd.n == 2 && gemv_uses_tc(2, Wd)) { // the MoE combine in the down GEMV's last block
+        if (jd.n == 2) { // the MoE combine in the down GEMV's last block
             jd.tail.kind = TAIL_COMBINE;
             jd.tail.done = s->tail_done + 2 * l + 1;
             jd.tail.x = s->x;

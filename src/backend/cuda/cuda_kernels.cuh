@@ -47,7 +47,8 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * gain[i];
 }
 
-// ---------------------------------------------------------------- matrix-vector (decode)
+// ---------------------------------------------------------------- matrix-vector (decode): the job, row dots
+// (the kernel itself, k_gemv, is in cuda_packed.cuh beside the packed layout it reads)
 
 enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
 
@@ -93,24 +94,61 @@ struct gemv_job {
     gemv_tail tail;
 };
 
-// Input element c: plain x[c], or silu(x[c]) * x[xoff + c].
-template <int XM>
-__device__ __forceinline__ float xin(const float *xt, int64_t xoff, int64_t c) {
-    if (XM != XM_SWIGLU) return xt[c];
-    float g = xt[c];
-    return g / (1.0f + expf(-g)) * xt[xoff + c];
-}
-
 // The staged input lives in shared memory padded to 36 floats per 32, so that
 // the float4 reads of a warp (each lane a different 32/16/8-column run) hit
 // distinct banks.
 __device__ __forceinline__ int xs_idx(int64_t c) { return (int)((c >> 5) * 36 + (c & 31)); }
 
-// Dot of one bf16 or 8-bit weight row with the staged input, one warp, lanes
-// over 16-byte chunks of the row (coalesced), f32 accumulation.
+// The 8 codes of a packed word (code j: 4 bits at bit 4j) as floats 1 + q/128:
+// the low and high nibbles of each byte are masked once per word and topped
+// with 0x80, then one byte permute per code builds 0x3F8q0000-style bits
+// (exponent of 1.0, q in the mantissa). Exact, and ~1.4 integer instructions
+// per code instead of a shift, a mask and a quarter-rate I2F.
+__device__ __forceinline__ void nib8_1p(uint32_t w, float f[8]) {
+    const uint32_t lo = (w & 0x0F0F0F0Fu) | 0x80808080u, hi = ((w >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
+    const uint32_t one = 0x3F000000u; // byte 7 of the permute source: 0x3F; byte 4: 0x00
+    f[0] = __uint_as_float(__byte_perm(lo, one, 0x7044));
+    f[1] = __uint_as_float(__byte_perm(hi, one, 0x7044));
+    f[2] = __uint_as_float(__byte_perm(lo, one, 0x7144));
+    f[3] = __uint_as_float(__byte_perm(hi, one, 0x7144));
+    f[4] = __uint_as_float(__byte_perm(lo, one, 0x7244));
+    f[5] = __uint_as_float(__byte_perm(hi, one, 0x7244));
+    f[6] = __uint_as_float(__byte_perm(lo, one, 0x7344));
+    f[7] = __uint_as_float(__byte_perm(hi, one, 0x7344));
+}
+
+// 32 staged inputs times one 16-byte chunk of 4-bit codes (32 weights), with the
+// group's scale and bias: s * sum(x q) + b * sum(x). With f = 1 + q/128,
+// sum(x q) = 128 (sum(x f) - sum(x)); f32 keeps that within ~1e-6 relative.
+__device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t c0, float s, float b) {
+    const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+    float dq = 0.0f, xsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * w)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * w + 4));
+        float f[8];
+        nib8_1p(wd[w], f);
+        dq += xa.x * f[0] + xa.y * f[1] + xa.z * f[2] + xa.w * f[3] + xb.x * f[4] + xb.y * f[5] + xb.z * f[6] + xb.w * f[7];
+        xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
+    }
+    return s * 128.0f * (dq - xsum) + b * xsum;
+}
+
+// Dot of one weight row that is not packed (bf16, 8-bit, or 4-bit in the MLX
+// layout) with the staged input: one warp, lanes over 16-byte chunks of the row
+// (coalesced), f32 accumulation; the lanes' partial sums are the caller's to add.
 __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *xs, int lane) {
     const int64_t cols = W.cols;
     float acc = 0.0f;
+    if (W.type == 0 && W.bits == 4) { // 32 columns per 16 bytes; a group spans whole chunks (group % 32 == 0)
+        const int64_t ng = cols / W.group;
+        const uint4 *qr = (const uint4 *)(W.q + r * (cols / 8));
+        for (int64_t i = lane; i < cols / 32; i += 32) {
+            const int64_t g = r * ng + i * 32 / W.group;
+            acc += chunk_dot4(__ldg(qr + i), xs, i * 32, __bfloat162float(W.s[g]), __bfloat162float(W.b[g]));
+        }
+        return acc;
+    }
     if (W.type == 1) { // bf16: 8 columns per 16 bytes
         const uint4 *wr = (const uint4 *)(W.w + r * cols);
         for (int64_t i = lane; i < cols / 8; i += 32) {
@@ -149,183 +187,7 @@ __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *
     return acc;
 }
 
-// The 8 codes of a packed word (code j: 4 bits at bit 4j) as floats 1 + q/128:
-// the low and high nibbles of each byte are masked once per word and topped
-// with 0x80, then one byte permute per code builds 0x3F8q0000-style bits
-// (exponent of 1.0, q in the mantissa). Exact, and ~1.4 integer instructions
-// per code instead of a shift, a mask and a quarter-rate I2F.
-__device__ __forceinline__ void nib8_1p(uint32_t w, float f[8]) {
-    const uint32_t lo = (w & 0x0F0F0F0Fu) | 0x80808080u, hi = ((w >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
-    const uint32_t one = 0x3F000000u; // byte 7 of the permute source: 0x3F; byte 4: 0x00
-    f[0] = __uint_as_float(__byte_perm(lo, one, 0x7044));
-    f[1] = __uint_as_float(__byte_perm(hi, one, 0x7044));
-    f[2] = __uint_as_float(__byte_perm(lo, one, 0x7144));
-    f[3] = __uint_as_float(__byte_perm(hi, one, 0x7144));
-    f[4] = __uint_as_float(__byte_perm(lo, one, 0x7244));
-    f[5] = __uint_as_float(__byte_perm(hi, one, 0x7244));
-    f[6] = __uint_as_float(__byte_perm(lo, one, 0x7344));
-    f[7] = __uint_as_float(__byte_perm(hi, one, 0x7344));
-}
-
-// 32 staged inputs times one 16-byte chunk of 4-bit codes (32 weights), with the
-// group's scale and bias: s * sum(x q) + b * sum(x). With f = 1 + q/128,
-// sum(x q) = 128 (sum(x f) - sum(x)); f32 keeps that within ~1e-6 relative.
-__device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t c0, float s, float b) {
-    const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
-    float dq = 0.0f, xsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * w)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * w + 4));
-        float f[8];
-        nib8_1p(wd[w], f);
-        dq += xa.x * f[0] + xa.y * f[1] + xa.z * f[2] + xa.w * f[3] + xb.x * f[4] + xb.y * f[5] + xb.z * f[6] + xb.w * f[7];
-        xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
-    }
-    return s * 128.0f * (dq - xsum) + b * xsum;
-}
-
-// One token, 8 warps per block. 4-bit rows: a row's 16-byte chunks are spread
-// over LPR lanes (LPR = 32, or fewer for narrow rows, so that no lane idles), a
-// warp pass covers 32/LPR rows and each warp makes RPW passes: a block covers
-// 8 * RPW * 32/LPR rows (gemv_rows_per_block). The host picks RPW so the grid
-// fills the GPU. The first GEMV_PF chunks of every row and their scales are
-// loaded before the input is staged, so weight stream and staging overlap.
-// bf16 and 8-bit rows (router, shared-expert gate, HF checkpoints) take one
-// row per warp pass with row_dot. Expert mode (topi != null): blockIdx.y is a
-// routing slot (token slot / x_div, expert topi[slot]); the output row is the
-// slot. Every matrix of a job has the same number of columns.
-#define GEMV_PF 2
-#define GEMV_STAGE 4 // staged input: up to 4 float4 per thread, 4096 columns
-__host__ __device__ inline int gemv_lpr(const dmat &W) {
-    if (!(W.type == 0 && W.bits == 4)) return 32;
-    int64_t nchunk = W.cols / 32;
-    int lpr = 32;
-    while (lpr > 1 && lpr > nchunk) lpr >>= 1;
-    return lpr;
-}
-__host__ __device__ inline int gemv_rows_per_block(const dmat &W, int rpw) { return 8 * rpw * (32 / gemv_lpr(W)); }
-
-template <int XM, int RPW>
-__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
-                                              const int *topi, int x_div) {
-    extern __shared__ float xs[];
-    __shared__ float red[32];
-    int mi = 0;
-    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
-    dmat W = job.W[mi];
-    if (job.x[mi]) { x = job.x[mi]; ldx = job.ldx[mi]; xoff = job.xoff[mi]; }
-    int64_t yrow = 0;
-    const bool routed = topi && !job.plain[mi];
-    if (topi && !routed && blockIdx.y > 0) { // an unrouted matrix in an expert launch: slot 0 computes it
-        pdl_wait();
-        return;
-    }
-    if (routed) {
-        pdl_wait(); // the expert ids come from the previous kernel
-        const int slot = blockIdx.y;
-        W = dmat_expert(W, topi[slot]);
-        x += (int64_t)(slot / x_div) * ldx;
-        yrow = slot;
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int lpr = gemv_lpr(W), rp = 32 / lpr, sub = lane / lpr, cl = lane % lpr;
-    const int64_t cols = W.cols, nchunk = cols / 32, ng = cols / W.group;
-    const int64_t rbase = (int64_t)(blockIdx.x - job.start[mi]) * gemv_rows_per_block(W, RPW);
-    const bool q4 = W.type == 0 && W.bits == 4;
-    // row of pass k for this lane: passes interleave the 8 warps
-#define GEMV_ROW(k) (rbase + ((int64_t)((k) * 8 + warp)) * rp + sub)
-    uint4 pf[GEMV_PF][RPW];
-    float ps[GEMV_PF][RPW], pb[GEMV_PF][RPW];
-    if (q4) {
-#pragma unroll
-        for (int u = 0; u < GEMV_PF; u++)
-#pragma unroll
-            for (int k = 0; k < RPW; k++) {
-                const int64_t r = GEMV_ROW(k), i = cl + (int64_t)lpr * u;
-                const bool ok = r < W.rows && i < nchunk;
-                pf[u][k] = ok ? __ldg((const uint4 *)(W.q + r * (cols / 8)) + i) : make_uint4(0, 0, 0, 0);
-                const int64_t g = r * ng + i * 32 / W.group;
-                ps[u][k] = ok ? __bfloat162float(W.s[g]) : 0.0f;
-                pb[u][k] = ok ? __bfloat162float(W.b[g]) : 0.0f;
-            }
-    }
-    if (!routed) pdl_wait(); // dense: the weight loads above are already in flight
-    // Stage the input row: every load is issued before any is used (registers
-    // hold up to GEMV_STAGE float4 per thread), so staging costs one round trip.
-    float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
-    const int64_t n4 = cols / 4;
-#pragma unroll
-    for (int u = 0; u < GEMV_STAGE; u++) {
-        const int64_t q = threadIdx.x + (int64_t)u * blockDim.x;
-        xr[u] = q < n4 ? *(const float4 *)(x + 4 * q) : make_float4(0, 0, 0, 0);
-        if (XM == XM_SWIGLU) xu[u] = q < n4 ? *(const float4 *)(x + xoff + 4 * q) : make_float4(0, 0, 0, 0);
-    }
-    float inv = 1.0f;
-    if (XM == XM_NORM) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
-        inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
-    }
-#pragma unroll
-    for (int u = 0; u < GEMV_STAGE; u++) {
-        const int64_t q = threadIdx.x + (int64_t)u * blockDim.x;
-        if (q >= n4) break;
-        float v[4] = {xr[u].x, xr[u].y, xr[u].z, xr[u].w};
-        if (XM == XM_SWIGLU) {
-            const float uu[4] = {xu[u].x, xu[u].y, xu[u].z, xu[u].w};
-#pragma unroll
-            for (int e = 0; e < 4; e++) v[e] = v[e] / (1.0f + expf(-v[e])) * uu[e];
-        }
-        if (XM == XM_NORM) {
-            const float4 g4 = *(const float4 *)(job.gain + 4 * q);
-            v[0] *= inv * g4.x; v[1] *= inv * g4.y; v[2] *= inv * g4.z; v[3] *= inv * g4.w;
-            if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) *(float4 *)(job.xn_out + 4 * q) = make_float4(v[0], v[1], v[2], v[3]);
-        }
-        *(float4 *)(xs + xs_idx(4 * q)) = make_float4(v[0], v[1], v[2], v[3]);
-    }
-    __syncthreads();
-    float v[RPW];
-#pragma unroll
-    for (int k = 0; k < RPW; k++) v[k] = 0.0f;
-    if (q4) {
-#pragma unroll
-        for (int u = 0; u < GEMV_PF; u++) {
-            const int64_t i = cl + (int64_t)lpr * u;
-            if (i < nchunk)
-#pragma unroll
-                for (int k = 0; k < RPW; k++) v[k] += chunk_dot4(pf[u][k], xs, i * 32, ps[u][k], pb[u][k]);
-        }
-#pragma unroll 2
-        for (int64_t i = cl + (int64_t)lpr * GEMV_PF; i < nchunk; i += lpr) { // rows wider than PF chunks per lane
-#pragma unroll
-            for (int k = 0; k < RPW; k++) {
-                const int64_t r = GEMV_ROW(k);
-                if (r >= W.rows) break;
-                const int64_t g = r * ng + i * 32 / W.group;
-                v[k] += chunk_dot4(__ldg((const uint4 *)(W.q + r * (cols / 8)) + i), xs, i * 32,
-                                   __bfloat162float(W.s[g]), __bfloat162float(W.b[g]));
-            }
-        }
-    } else {
-#pragma unroll
-        for (int k = 0; k < RPW; k++) v[k] = GEMV_ROW(k) < W.rows ? row_dot(W, GEMV_ROW(k), xs, lane) : 0.0f;
-    }
-    pdl_trigger(); // the next kernel may start its weight prefetch now
-    float *y = job.y[mi] + yrow * job.ldy[mi];
-#pragma unroll
-    for (int k = 0; k < RPW; k++) {
-        float t = v[k];
-        for (int o = lpr / 2; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o); // within the lane group
-        const int64_t r = GEMV_ROW(k);
-        if (cl == 0 && r < W.rows) {
-            if (job.accum[mi]) y[r] += t;
-            else y[r] = t;
-        }
-    }
-#undef GEMV_ROW
-}
-
+#define GEMV_STAGE 4 // staged GEMV input: up to 4 float4 per thread, 4096 columns
 __host__ __device__ inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
 
 // ---------------------------------------------------------------- matrix-matrix (prefill), tensor cores

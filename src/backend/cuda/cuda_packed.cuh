@@ -58,29 +58,32 @@ __global__ void k_repack4(dmat W, int64_t RB, uint4 *pk, uint32_t *psb) {
     }
 }
 
-// Shared memory of k_gemv_tc for inputs of `cols` columns: the f32 staging of
-// k_gemv (row_dot reads it), then bf16 hi and lo pairs, then the group sums.
-static inline size_t gemv_tc_smem(int64_t cols) {
+// Shared memory of k_gemv for inputs of `cols` columns: the f32 staging
+// (row_dot reads it), then bf16 hi and lo pairs, then the group sums.
+static inline size_t gemv_smem_all(int64_t cols) {
     return gemv_smem(cols) + (size_t)cols / 2 * 4 * 2 + (size_t)cols / 64 * 4;
 }
 
 // Warp slices per row block for inputs of ng groups: each warp takes at least 4
 // groups when it can (enough loads in flight), 8 warps per block.
-static inline int gemv_tc_ns(int64_t ng) {
+static inline int gemv_ns(int64_t ng) {
     int ns = 8;
     while (ns > 1 && (ng % ns || ng / ns < 4)) ns >>= 1;
     return ns;
 }
-__host__ __device__ inline int gemv_tc_rows_per_block(const dmat &W, int ns) { return W.pk ? 16 * (8 / ns) : 8; }
+__host__ __device__ inline int gemv_rows_per_block(const dmat &W, int ns) { return W.pk ? 16 * (8 / ns) : 8; }
 
-// The decode GEMV for jobs (see gemv_job) whose 4-bit matrices are packed.
-// Packed matrices: a block covers 8/NS row blocks; warp w takes row block
-// w % (8/NS) and groups w / (8/NS) + NS*i, all its loads issued before the
-// input is staged; partial sums meet in shared memory. Other matrices (8-bit
-// router and shared-expert gate, bf16) take one row per warp with row_dot.
+// The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
+// block covers 8/NS row blocks; warp w takes row block w % (8/NS) and groups
+// w / (8/NS) + NS*i, all its loads issued before the input is staged; partial
+// sums meet in shared memory. Other matrices (8-bit router and shared-expert
+// gate, bf16 checkpoints, 4-bit with other group sizes) take one row per warp
+// with row_dot. Expert mode (topi != null): blockIdx.y is a routing slot
+// (input row slot / x_div, expert topi[slot]); the output row is the slot.
+// The last block runs the job's tail (gemv_tail).
 #define TCG_MAX 8
 template <int XM, int NS>
-__global__ void __launch_bounds__(256) k_gemv_tc(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
+__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                                  const int *topi, int x_div) {
     constexpr int RBB = 8 / NS;
     extern __shared__ float xs[];
