@@ -2,6 +2,7 @@
 # Runs every lilac test suite and ends with one line: "N passed, N failed".
 #  - C unit tests (tests/unit/test_*.c), plain build and ASan+UBSan build;
 #  - fuzz targets, a bounded run each over their seed corpus;
+#  - the device sampler's kernels on the CPU (CUDA emulator, tests/cuda/emu);
 #  - Python suites against outside oracles (tests/**/test_*.py, pytest in .venv).
 # Each suite prints its own summary with "N passed" / "N failed"; this script adds them up.
 # A suite that crashes or prints no summary counts as one failure.
@@ -41,6 +42,14 @@ for b in build/fuzz/fuzz_*; do
     mkdir -p "$LOG/fuzzwork/$name"
     run_suite "fuzz/$name" bash -c "'$b' -runs=${FUZZ_RUNS:-30000} -max_len=4096 '$LOG/fuzzwork/$name' '$corpus' && echo '1 passed, 0 failed'"
 done
+# The device sampler's kernels (src/backend/cuda/cuda_sample.cu) on the CPU, through the
+# CUDA emulator of tests/cuda/emu: draw for draw against the host sampler, without a GPU.
+if command -v g++ >/dev/null && [ -f build/src/engine/sampler.o ]; then
+    run_suite "emu/test_sample" bash -c "g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc \
+        -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
+        build/src/engine/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
+        CUEMU_MAX_THREADS=128 build/test_sample_emu --quick"
+fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"
