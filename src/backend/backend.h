@@ -7,7 +7,7 @@
 #ifndef LILAC_BACKEND_H
 #define LILAC_BACKEND_H
 
-#include "../engine/sampler.h"
+#include "../model/sampling.h"
 #include "../model/weights.h"
 
 #ifdef __cplusplus

@@ -7,17 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct {
-    float temperature;        /* <= 0: greedy (argmax) */
-    float top_p;              /* 1: off */
-    int top_k;                /* <= 0: off */
-    float min_p;              /* 0: off */
-    float presence_penalty;   /* OpenAI: subtracted once per token seen in the output */
-    float frequency_penalty;  /* OpenAI: subtracted per occurrence in the output */
-    float repetition_penalty; /* vLLM/HF: 1 = off; divides positive logits of tokens in prompt or output */
-    uint64_t seed;
-    bool has_seed;
-} lilac_sampling;
+#include "../model/sampling.h"
 
 void lilac_sampling_default(lilac_sampling *p);
 /* The generator seed of a request: p->seed, or a fresh one when !has_seed. */

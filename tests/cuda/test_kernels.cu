@@ -478,17 +478,18 @@ static void test_argmax(void) {
         }
     }
     printf("  argmax: %d cases, %d wrong\n", runs, bad);
-    // Not a requirement, a note: every logit -inf (or NaN) has no maximum; report what the kernel writes.
-    {
+    // Every logit -inf or NaN: no maximum; like the CPU reference (and the host
+    // sampler), the pick is token 0, never an id outside the vocabulary.
+    for (int nan = 0; nan < 2; nan++) {
         const int64_t V = 4096;
         dbuf<float> lg((size_t)V);
-        std::vector<float> v((size_t)V, -INFINITY);
+        std::vector<float> v((size_t)V, nan ? NAN : -INFINITY);
         lg.put(v);
         k_argmax<<<1, 1024>>>(lg.p, V, next.p, nullptr, 8, nullptr, nullptr);
         CKL();
         const int got = next.get()[0];
-        printf("  note: argmax over all -inf logits writes id %d%s\n", got,
-               got >= 0 && got < V ? "" : " (outside the vocabulary; the CPU sampler would pick 0)");
+        CHECKF(got == (int)ref_argmax(v), "argmax over all %s logits: id %d (want %d)", nan ? "NaN" : "-inf", got,
+               (int)ref_argmax(v));
     }
 }
 

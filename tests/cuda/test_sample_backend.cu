@@ -18,6 +18,7 @@
 
 extern "C" {
 #include "backend/backend.h"
+#include "engine/sampler.h"
 #include "tools/synth.h"
 }
 

@@ -17,7 +17,7 @@ if [ -z "$MODEL" ]; then MODEL=/tmp/syn4; ./build/lilac synth --out $MODEL --lay
 # --cache-control none: kernels see the L2 as the previous kernel left it, as in a real step.
 ncu --clock-control none --cache-control none --print-summary none --csv --page raw \
     --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes.sum,launch__grid_size,launch__registers_per_thread \
-    --launch-count ${COUNT:-400} \
+    --kernel-name regex:"^k_(gemv|gdn|attn|embed|argmax|topk|moe|conv|gated|add)" --launch-count ${COUNT:-400} \
     ./build/lilac generate --model "$MODEL" --backend cuda --ids 1 --max-tokens 1 > "$OUT/ncu.csv" 2>"$OUT/ncu.err"
 echo "ncu rc=$?"; tail -3 "$OUT/ncu.err"
 python3 - "$OUT/ncu.csv" <<'PY'

@@ -43,6 +43,9 @@ if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) a
     LILAC_PROFILE=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-4096} --rounds 1 \
         --decode-steps 4 2>&1 | grep -E "profile T=|prefill/s|^ +[0-9]" | head -8
     COUNT=${COUNT:-360} bash tools/device/profile.sh /tmp/full 2>&1 | head -${LINES_MAX:-90}
+    # the persistent decode kernel's phases (cuda_decode.cuh), one token at position 0
+    LILAC_PERSISTENT=1 LILAC_PROFILE=1 ./build/lilac generate --model /tmp/full --backend cuda --ids 1 --max-tokens 2 2>&1 |
+        grep -A3 persistent
     exit 0
 fi
 
@@ -57,6 +60,9 @@ done
 if [ "$MODE" != hf ]; then
     step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
     step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+    # the opt-in persistent decode kernel (cuda_decode.cuh) against the same CPU reference
+    [ -d .devdata/tiny ] && LILAC_PERSISTENT=1 step test-persistent-tiny ./build/cuda-tests/test_cuda .devdata/tiny --quick
+    LILAC_PERSISTENT=1 step test-persistent-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
 fi
 # The routing pipeline under skew (every token to experts 0..7 / to one expert / to a few hot
 # ones, most experts empty) at the prompt lengths around each path boundary.
@@ -88,6 +94,9 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
+    # the same decode through the persistent kernel, in the same call (an A/B on one machine)
+    LILAC_PERSISTENT=1 step bench-persistent ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 \
+        --decode-steps 64 --rounds 1
 fi
 # 3. The full-size checkpoint against HF transformers (f32 oracle; top-1 and perplexity),
 #    and HF transformers as the speed peer (bf16) on the same weights.
@@ -105,3 +114,4 @@ echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
 grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/hf-*.log 2>/dev/null
 [ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"
+[ -f "$LOGS/bench-persistent.log" ] && { echo "persistent decode kernel:"; tail -n 3 "$LOGS/bench-persistent.log"; }

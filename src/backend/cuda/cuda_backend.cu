@@ -24,6 +24,7 @@ extern "C" {
 #include "cuda_gemm.cuh"
 #include "cuda_packed.cuh"
 #include "cuda_attn.cuh"
+#include "cuda_decode.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -57,12 +58,6 @@ extern "C" bool lilac_cuda_available(lilac_err *err) {
 }
 
 // ---------------------------------------------------------------- weights on the device
-
-struct dlayer {
-    float *in_norm, *post_norm, *conv, *A_log, *dt_bias, *gdn_norm, *q_norm, *k_norm;
-    dmat in_qkv, in_z, in_b, in_a, out_proj, q_proj, k_proj, v_proj, o_proj;
-    dmat router, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down, sh_expert_gate;
-};
 
 struct dmodel {
     const lilac_model *m;
@@ -290,10 +285,12 @@ struct lilac_session {
     float *qg, *kx, *vx, *att, *part;
     float *rlog, *topw, *gu, *ye, *shgu, *shy, *sg;
     int *topi, *counts, *offs, *cursor, *sorted;
-    float *logits; int64_t logits_rows;
+    float *logits;                      // one row: every one-token pass writes here
+    float *logits_all; int64_t logits_rows; // LOGITS_ALL prefill: a chunk's rows
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
+    bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), two per layer
@@ -309,6 +306,14 @@ struct lilac_session {
     std::vector<void *> allocs;
     cuda_sampler *smp;       // sampler state on the device (cuda_sample.cu), from sample_begin
     cudaGraphExec_t sgraph;  // a decode step ending in the sampler
+    // The persistent decode kernel (cuda_decode.cuh) for this geometry; null: a
+    // one-token pass runs kernel by kernel (run_layers), as prefill does.
+    void (*mk_fn)(const mk_params *, int, unsigned long long *);
+    mk_params mkp;
+    const mk_params *mk_dev;   // mkp in device memory, the kernel's parameters
+    unsigned long long *mk_prof; // LILAC_PROFILE: the timestamps of the next pass
+    int mk_grid;
+    size_t mk_smem;
 };
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
@@ -377,6 +382,190 @@ static void cuda_session_free(lilac_session *s) {
     delete s;
 }
 
+// ---------------------------------------------------------------- the persistent decode kernel: set-up
+
+static mk_mat mk_of(const dmat &W, float *y, int64_t ldy, int accum = 0, int routed = 0, int xper = 0, int xi = 0) {
+    mk_mat m;
+    memset(&m, 0, sizeof m);
+    m.W = W;
+    m.y = y;
+    m.ldy = ldy;
+    m.accum = accum;
+    m.routed = routed;
+    m.xper = xper;
+    m.xi = xi;
+    if (W.pk) {
+        m.ns = gemv_ns(W.cols / 64);
+        m.rbb = 8 / m.ns;
+        m.ups = (int)((W.rows + 16 * m.rbb - 1) / (16 * m.rbb));
+    } else {
+        m.ns = m.rbb = 1;
+        m.ups = (int)((W.rows + 7) / 8);
+    }
+    return m;
+}
+static mk_gemv mk_job(std::initializer_list<mk_mat> ms, int K) {
+    mk_gemv j;
+    memset(&j, 0, sizeof j);
+    for (const mk_mat &m : ms) {
+        j.m[j.n] = m;
+        j.units[j.n + 1] = j.units[j.n] + m.ups * (m.routed ? K : 1);
+        j.n++;
+    }
+    return j;
+}
+
+// The instantiated geometries: (keys per thread, column groups, head dims / 32).
+template <int KPT, int G, int DPL>
+static void (*mk_pick(const lilac_config *c, int minb))(const mk_params *, int, unsigned long long *) {
+    const int g = c->lin_v_dim % 64 == 0 ? 4 : 8;
+    if (g == G && c->lin_k_dim == KPT * G && c->head_dim == DPL * 32)
+        return minb == 1 ? k_decode<KPT, G, DPL, 1> : k_decode<KPT, G, DPL, 2>;
+    return nullptr;
+}
+
+// Chooses the persistent decode kernel when LILAC_PERSISTENT=1 and the geometry
+// fits it; fills its parameters (device pointers fixed for the session's life).
+// Off by default: measured at half the speed of the kernel-per-step graph on
+// the H200 (docs/perf.md, session 3), it is kept for the work that makes it
+// faster, tested against the CPU reference like the default path.
+static int mk_setup(lilac_session *s, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const char *env = getenv("LILAC_PERSISTENT");
+    if (!env || strcmp(env, "1")) return 0;
+    const char *mb = getenv("LILAC_MK_MINB"); // CTAs per SM: 2 (default) or 1 (more registers)
+    const int minb = mb && !strcmp(mb, "1") ? 1 : 2;
+    void (*fn)(const mk_params *, int, unsigned long long *) = mk_pick<32, 4, 8>(c, minb);
+    if (!fn) fn = mk_pick<4, 8, 2>(c, minb);
+    dmodel *D = s->D;
+    const int L = c->n_layers, K = c->top_k;
+    const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c);
+    bool fits = fn && c->conv_kernel == 4 && c->lin_v_heads <= 64 && c->lin_v_heads % c->lin_k_heads == 0 &&
+                c->n_heads <= 32 && c->n_heads % c->n_kv_heads == 0 && c->n_experts <= 256 && K <= 32 && I == SI &&
+                c->rotary_dim <= c->head_dim && D->lm_head.rows > 0 &&
+                VD <= MK_LD * 4 * MK_THREADS && c->lin_v_dim % 4 == 0 &&
+                2 * c->lin_k_dim + MK_THREADS / (c->lin_v_dim % 64 == 0 ? 4 : 8) <= 2 * MK_THREADS;
+    if (!fits) return 0;
+    // phase descriptors: layer l reads x[l & 1] and writes x[(l + 1) & 1]
+    float *X[2] = {s->x, s->x + H};
+    std::vector<mk_gemv> ph;
+    for (int l = 0; l < L; l++) {
+        const dlayer &d = D->layers[(size_t)l];
+        float *xout = X[(l + 1) & 1];
+        if (c->is_full[l]) {
+            const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
+            ph.push_back(mk_job({mk_of(d.q_proj, s->qg, 0), mk_of(d.k_proj, s->kx, kvw), mk_of(d.v_proj, s->vx, kvw)}, K));
+            ph.push_back(mk_job({mk_of(d.o_proj, xout, H, 1)}, K));
+        } else {
+            ph.push_back(mk_job({mk_of(d.in_qkv, s->qkv, CD), mk_of(d.in_z, s->z, VD), mk_of(d.in_b, s->bb, 0),
+                                 mk_of(d.in_a, s->ba, 0)}, K));
+            ph.push_back(mk_job({mk_of(d.out_proj, xout, H, 1)}, K));
+        }
+        ph.push_back(mk_job({mk_of(d.router, s->rlog, 0), mk_of(d.sh_gate, s->shgu, 0), mk_of(d.sh_up, s->shgu + SI, 0),
+                             mk_of(d.sh_expert_gate, s->sg, 0)}, K));
+        ph.push_back(mk_job({mk_of(d.exp_gate, s->gu, 2 * I, 0, 1), mk_of(d.exp_up, s->gu + I, 2 * I, 0, 1)}, K));
+        ph.push_back(mk_job({mk_of(d.exp_down, s->ye, H, 0, 1, 1), mk_of(d.sh_down, s->shy, 0, 0, 0, 0, K)}, K));
+    }
+    ph.push_back(mk_job({mk_of(D->lm_head, s->logits, 0)}, K));
+    // shared memory: the largest staged input, GDN task or attention task
+    const int hd = c->head_dim, G = c->lin_v_dim % 64 == 0 ? 4 : 8, CW = MK_THREADS / G;
+    size_t smem = std::max({mk_stage_bytes(H), mk_stage_bytes(VD), mk_stage_bytes((int64_t)c->n_heads * hd),
+                            mk_stage_bytes((K + 1) * I)});
+    smem = std::max(smem, sizeof(float) * (size_t)(2 * c->lin_k_dim + CW + G * CW));
+    smem = std::max(smem, sizeof(float) * (size_t)(4 * hd + (MK_THREADS / 32) * hd));
+    // then two weight buffers of the largest packed unit (codes + scale/bias pairs)
+    int64_t wstride = 1;
+    for (const mk_gemv &j : ph)
+        for (int i = 0; i < j.n; i++)
+            if (j.m[i].W.pk) wstride = std::max(wstride, (int64_t)j.m[i].rbb * (j.m[i].W.cols / 64) * 36);
+    const int64_t woff = (int64_t)((smem + 15) / 16 * 4);
+    smem = sizeof(float) * (size_t)woff + 2 * sizeof(uint4) * (size_t)wstride;
+    int per_sm = 0;
+    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, MK_THREADS, smem));
+    int coop = 0;
+    CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
+    if (per_sm < 1 || !coop) return 0;
+    const int grid = s->n_sm * std::min(per_sm, minb);
+    // device copies of the layer table, per-layer state pointers and the phases
+    mk_params &P = s->mkp;
+    memset(&P, 0, sizeof P);
+    dlayer *dl;
+    unsigned char *isf;
+    float **ptrs;
+    mk_gemv *dph;
+    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 4 * (size_t)L, err) < 0 ||
+        dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 || dalloc(s, &P.amax_v, (size_t)grid, err) < 0 ||
+        dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
+        return -1;
+    std::vector<unsigned char> hf((size_t)L);
+    std::vector<float *> hp(4 * (size_t)L);
+    for (int l = 0; l < L; l++) {
+        hf[(size_t)l] = c->is_full[l] ? 1 : 0;
+        hp[(size_t)l] = s->conv_state[(size_t)l];
+        hp[(size_t)(L + l)] = s->ssm[(size_t)l];
+        hp[(size_t)(2 * L + l)] = s->kc[(size_t)l];
+        hp[(size_t)(3 * L + l)] = s->vc[(size_t)l];
+    }
+    CK(cudaMemcpy(dl, D->layers.data(), sizeof(dlayer) * (size_t)L, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(isf, hf.data(), (size_t)L, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(ptrs, hp.data(), sizeof(float *) * hp.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dph, ph.data(), sizeof(mk_gemv) * ph.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemset(P.bar, 0, sizeof(unsigned) * 256));
+    P.L = dl;
+    P.is_full = isf;
+    P.conv = ptrs;
+    P.ssm = ptrs + L;
+    P.kc = ptrs + 2 * L;
+    P.vc = ptrs + 3 * L;
+    P.ph = dph;
+    P.embed = D->embed;
+    P.final_norm = D->final_norm;
+    P.layers = L;
+    P.H = (int)H;
+    P.E = c->n_experts;
+    P.K = K;
+    P.norm_topk = c->norm_topk;
+    P.I = (int)I;
+    P.SI = (int)SI;
+    P.Hk = c->lin_k_heads;
+    P.Hv = c->lin_v_heads;
+    P.dk = c->lin_k_dim;
+    P.dv = c->lin_v_dim;
+    P.CD = CD;
+    P.KD = cfg_lin_key_dim(c);
+    P.nh = c->n_heads;
+    P.nkv = c->n_kv_heads;
+    P.hd = hd;
+    P.rot = c->rotary_dim;
+    P.S = std::max(1, std::min(ATT_SPLITS, grid / c->n_heads));
+    P.theta = c->rope_theta;
+    P.eps = c->rms_eps;
+    P.x0 = X[0];
+    P.x1 = X[1];
+    P.qkv = s->qkv; P.z = s->z; P.bb = s->bb; P.ba = s->ba; P.o = s->o;
+    P.qg = s->qg; P.kx = s->kx; P.vx = s->vx; P.att = s->att; P.part = s->part;
+    P.rlog = s->rlog; P.shgu = s->shgu; P.sg = s->sg; P.gu = s->gu; P.ye = s->ye; P.shy = s->shy;
+    P.topw = s->topw; P.topi = s->topi;
+    P.logits = s->logits;
+    P.V = c->vocab;
+    P.d_ids = s->d_ids;
+    P.d_pos = s->d_pos;
+    P.d_step = s->d_step;
+    P.ring = s->ring_dev;
+    P.ring_size = RING;
+    P.woff = woff;
+    P.wstride = wstride;
+    mk_params *dp;
+    if (dalloc(s, &dp, 1, err) < 0) return -1;
+    CK(cudaMemcpy(dp, &P, sizeof P, cudaMemcpyHostToDevice));
+    s->mk_dev = dp;
+    s->mk_fn = fn;
+    s->mk_grid = grid;
+    s->mk_smem = smem;
+    return 0;
+}
+
 static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err) {
     (void)threads;
     const lilac_config *c = &m->cfg;
@@ -437,7 +626,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->cursor, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->sorted, C * K, err) == 0 &&
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
          dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0;
-    s->logits_rows = 1;
+    s->logits_rows = 0;
     {
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
@@ -454,7 +643,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          cudaHostGetDevicePointer((void **)&s->ring_dev, s->ring, 0) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[0], cudaEventDisableTiming) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[1], cudaEventDisableTiming) == cudaSuccess;
-    if (!ok) {
+    if (!ok || mk_setup(s, err) < 0) {
         if (!err || !err->msg[0]) lilac_fail(err, "CUDA backend: could not allocate the session (%s)", cudaGetErrorString(cudaGetLastError()));
         cuda_session_free(s);
         return nullptr;
@@ -537,6 +726,7 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
 // The split (bf16 hi/lo + group sums) of `rows` input rows for the 4-bit GEMM.
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
+    s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
     if (xm == XM_SWIGLU) pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
     else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
     CKL();
@@ -611,6 +801,7 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
             if (!nq) continue;
             if (!split && split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
             split = true;
+            s->xn_split = true;
             if (gemm_q(s, nq, Wq, yq, lq, T, nullptr, 0, 1, err) < 0) return -1;
         }
         for (int i = 0; i < n; i++)
@@ -815,7 +1006,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         if (g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down) && d.exp_gate.bits == d.exp_up.bits) {
             // over the tile map: each (expert, 64 tokens) at most once; gate and up in one launch from xn's split
             const int max_tiles = (slots + G4_BN - 1) / G4_BN + std::min(E, slots);
-            if (split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
+            // xn's split is still in xh/xl when the router's GEMM made it (input_mats)
+            if (!s->xn_split && split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
             const dmat Wgu[2] = {d.exp_gate, d.exp_up};
             float *const Ygu[2] = {s->gu, s->gu + I};
             const int64_t Lgu[2] = {2 * I, 2 * I};
@@ -880,7 +1072,8 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     return 0;
 }
 
-// Final norm + lm_head for rows [row0, row0+n) of x into s->logits.
+// Final norm + lm_head for rows [row0, row0+n) of x into s->logits (one row)
+// or s->logits_all.
 static int head(lilac_session *s, int row0, int n, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     if (n == 1) {
@@ -893,7 +1086,7 @@ static int head(lilac_session *s, int row0, int n, lilac_err *err) {
     }
     pdl_launch(s, k_add_rmsnorm, n, 256, 0, s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
     CKL();
-    return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits, c->vocab, n, XM_PLAIN, 0, err);
+    return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits_all, c->vocab, n, XM_PLAIN, 0, err);
 }
 
 static int ensure_logits_rows(lilac_session *s, int64_t rows, lilac_err *err) {
@@ -901,8 +1094,86 @@ static int ensure_logits_rows(lilac_session *s, int64_t rows, lilac_err *err) {
     float *p;
     CK(cudaMalloc((void **)&p, sizeof(float) * (size_t)rows * (size_t)s->m->cfg.vocab));
     s->allocs.push_back(p);
-    s->logits = p;
+    s->logits_all = p;
     s->logits_rows = rows;
+    return 0;
+}
+
+// One token's pass (input d_ids[0] at *d_pos) to the logits in s->logits; with
+// `pick`, also the greedy token: the next input, the ring, *d_pos + 1.
+static int decode_pass(lilac_session *s, bool pick, lilac_err *err) {
+    if (s->mk_fn) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)s->mk_grid);
+        cfg.blockDim = dim3(MK_THREADS);
+        cfg.dynamicSmemBytes = s->mk_smem;
+        cfg.stream = s->st;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeCooperative; // every CTA resident: the grid barriers rely on it
+        at[0].val.cooperative = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, s->mk_fn, s->mk_dev, (int)pick, s->mk_prof));
+        return 0;
+    }
+    if (run_layers(s, 1, err) < 0 || head(s, 0, 1, err) < 0) return -1;
+    if (pick) {
+        pdl_launch(s, k_argmax, 1, 1024, 0, s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
+        CKL();
+    }
+    return 0;
+}
+
+// LILAC_PROFILE=1: where a persistent decode step's time goes. Phase kinds
+// (P1..P6 of cuda_decode.cuh, by layer type, and the head): the time from the
+// first CTA leaving the previous barrier to the last arriving at the next, and
+// the barrier itself (last arrival to last departure), averaged over layers.
+static int mk_profile_report(lilac_session *s, unsigned long long *d, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int G = s->mk_grid, nbar = 6 * c->n_layers, slots = 3 * (nbar + 2), mid0 = 2 * (nbar + 2);
+    std::vector<unsigned long long> h((size_t)slots * (size_t)G);
+    cudaError_t e = cudaMemcpyAsync(h.data(), d, sizeof(unsigned long long) * h.size(), cudaMemcpyDeviceToHost, s->st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s->st);
+    cudaFree(d);
+    if (!err) return 0;
+    CK(e);
+    auto mx = [&](int slot) { unsigned long long v = 0; for (int b = 0; b < G; b++) v = std::max(v, h[(size_t)slot * G + b]); return v; };
+    auto mn = [&](int slot) { unsigned long long v = ~0ull; for (int b = 0; b < G; b++) v = std::min(v, h[(size_t)slot * G + b]); return v; };
+    double work[2][6] = {{0}}, wait[2][6] = {{0}}, stg[2][6] = {{0}};
+    int cnt[2] = {0, 0};
+    for (int l = 0; l < c->n_layers; l++) {
+        const int f = c->is_full[l] ? 1 : 0;
+        cnt[f]++;
+        for (int k = 0; k < 6; k++) {
+            const int i = 1 + 6 * l + k; // barrier i ends phase k of layer l
+            work[f][k] += (double)(mx(2 * i) - mn(2 * i - 1)) * 1e-3;
+            wait[f][k] += (double)(mx(2 * i + 1) - mx(2 * i)) * 1e-3;
+            if (mx(mid0 + i)) stg[f][k] += (double)(mx(mid0 + i) - mn(2 * i - 1)) * 1e-3;
+        }
+    }
+    const double total = (double)(mx(2 * (nbar + 1)) - mn(1)) * 1e-3, headt = (double)(mx(2 * (nbar + 1)) - mn(2 * nbar + 1)) * 1e-3;
+    fprintf(stderr, "persistent decode step: %.1f us (grid %d x %d threads), head %.1f us; per layer (us, work / barrier):\n", total,
+            G, MK_THREADS, headt);
+    const char *nm[6] = {"input proj", "mixer core", "mixer out", "router+shared", "top-k+gate/up", "down"};
+    for (int f = 0; f < 2; f++) {
+        if (!cnt[f]) continue;
+        fprintf(stderr, "  %s x%d:", f ? "attention" : "gdn", cnt[f]);
+        for (int k = 0; k < 6; k++)
+            fprintf(stderr, "  %s %.1f (staged %.1f)/%.1f", nm[k], work[f][k] / cnt[f], stg[f][k] / cnt[f], wait[f][k] / cnt[f]);
+        fprintf(stderr, "\n");
+    }
+    return 0;
+}
+
+// Persistent decode kernels of different sessions (each filling the GPU and
+// spinning at grid barriers) must not run at once: each waits for the last one
+// queued (before = true), then becomes it. Around launches, outside capture.
+static int mk_order(lilac_session *s, bool before, lilac_err *err) {
+    static cudaEvent_t last_ev = nullptr;
+    if (!s->mk_fn) return 0;
+    if (!last_ev) CK(cudaEventCreateWithFlags(&last_ev, cudaEventDisableTiming));
+    if (before) CK(cudaStreamWaitEvent(s->st, last_ev, 0));
+    else CK(cudaEventRecord(last_ev, s->st));
     return 0;
 }
 
@@ -922,15 +1193,32 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
         memcpy(s->h_pinned + 1, ids + done, sizeof(int) * (size_t)T);
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
         CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int) * (size_t)T, cudaMemcpyHostToDevice, s->st));
-        if (run_layers(s, T, err) < 0) return -1;
-        if (mode == LOGITS_ALL) {
-            if (ensure_logits_rows(s, T, err) < 0 || head(s, 0, T, err) < 0) return -1;
-            CK(cudaMemcpyAsync(logits + (int64_t)done * c->vocab, s->logits, sizeof(float) * (size_t)T * (size_t)c->vocab,
-                               cudaMemcpyDeviceToHost, s->st));
+        if (T == 1 && s->mk_fn) { // one token: the persistent kernel, logits included
+            unsigned long long *pb = nullptr;
+            if (prof.on) {
+                const size_t n = 3 * (6 * (size_t)c->n_layers + 2) * (size_t)s->mk_grid;
+                CK(cudaMalloc((void **)&pb, sizeof(unsigned long long) * n));
+                CK(cudaMemset(pb, 0, sizeof(unsigned long long) * n));
+            }
+            s->mk_prof = pb;
+            const int rc = mk_order(s, true, err) < 0 || decode_pass(s, false, err) < 0 || mk_order(s, false, err) < 0;
+            s->mk_prof = nullptr;
+            if (pb && mk_profile_report(s, pb, rc ? nullptr : err) < 0) return -1;
+            if (rc) return -1;
+            if (mode != LOGITS_NONE && logits)
+                CK(cudaMemcpyAsync(logits + (mode == LOGITS_ALL ? (int64_t)done * c->vocab : 0), s->logits,
+                                   sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
+        } else if (run_layers(s, T, err) < 0) {
+            return -1;
+        } else if (mode == LOGITS_ALL) {
+            if (T > 1 && ensure_logits_rows(s, T, err) < 0) return -1;
+            if (head(s, 0, T, err) < 0) return -1;
+            CK(cudaMemcpyAsync(logits + (int64_t)done * c->vocab, T > 1 ? s->logits_all : s->logits,
+                               sizeof(float) * (size_t)T * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
         } else if (mode == LOGITS_LAST && last) {
             if (head(s, T - 1, 1, err) < 0) return -1;
             prof_mark(s, PH_HEAD);
-            CK(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
+            if (logits) CK(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
         }
         // The host staging buffer is reused by the next chunk: wait here.
         CK(cudaStreamSynchronize(s->st));
@@ -946,12 +1234,7 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
 static int capture_step(lilac_session *s, lilac_err *err) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-    int rc = run_layers(s, 1, err);
-    if (rc == 0) rc = head(s, 0, 1, err);
-    if (rc == 0) {
-        pdl_launch(s, k_argmax, 1, 1024, 0, s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
-        if (cudaGetLastError() != cudaSuccess) rc = lilac_fail(err, "CUDA: argmax launch failed");
-    }
+    int rc = decode_pass(s, true, err);
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0) return -1;
     CK(e);
@@ -974,6 +1257,7 @@ static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool
     CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
     CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
     CK(cudaMemcpyAsync(s->d_step, s->h_pinned + 2, sizeof(int), cudaMemcpyHostToDevice, s->st));
+    if (mk_order(s, true, err) < 0) return -1;
     CK(cudaGraphLaunch(s->graph, s->st));
     CK(cudaEventRecord(s->step_ev[0], s->st));
     int produced = 0;
@@ -988,6 +1272,7 @@ static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool
         const bool more = on_token(ud, tok);
         if (!more || produced == max_new) break;
     }
+    if (mk_order(s, false, err) < 0) return -1;
     CK(cudaStreamSynchronize(s->st));
     s->pos += produced + 1;
     return produced;
@@ -1072,11 +1357,11 @@ static int cuda_sample_begin(lilac_session *s, const lilac_sampling *p, const in
     return cuda_sampler_begin(s->smp, p, prompt, n_prompt, s->st, err);
 }
 
-// The prompt's last chunk through forward() (which lands its logits on the host
-// too: once per request, not per token), then the sampler on the device logits.
+// The prompt through forward() (its last logits stay on the device: no host
+// buffer given), then the sampler on them.
 static int cuda_forward_sample(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err) {
     if (!s->smp) return lilac_fail(err, "forward_sample: no sample_begin on this session");
-    if (cuda_forward(s, ids, n, LOGITS_LAST, cuda_sampler_host_logits(s->smp), err) < 0) return -1;
+    if (cuda_forward(s, ids, n, LOGITS_LAST, nullptr, err) < 0) return -1;
     if (cuda_sampler_launch(s->smp, s->logits, s->st, err) < 0) return -1;
     CK(cudaStreamSynchronize(s->st));
     *tok = cuda_sampler_result(s->smp, err);
@@ -1089,8 +1374,7 @@ static int cuda_forward_sample(lilac_session *s, const int32_t *ids, int n, int3
 static int capture_sample_step(lilac_session *s, lilac_err *err) {
     cudaGraph_t g = nullptr;
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-    int rc = run_layers(s, 1, err);
-    if (rc == 0) rc = head(s, 0, 1, err);
+    int rc = decode_pass(s, false, err);
     if (rc == 0) rc = cuda_sampler_launch(s->smp, s->logits, s->st, err);
     const cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0 || e != cudaSuccess) {
@@ -1125,7 +1409,9 @@ static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int
         s->h_pinned[1] = ids[i];
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
         CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
+        if (mk_order(s, true, err) < 0) return -1;
         CK(cudaGraphLaunch(s->sgraph, s->st));
+        if (mk_order(s, false, err) < 0) return -1;
     }
     for (int i = 0; i < n; i++) {
         CK(cudaStreamSynchronize(ss[i]->st));

@@ -894,10 +894,11 @@ __global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring
     if (tid == 0) {
         for (int i = 1; i < nw; i++)
             if (bv[i] > bv[0] || (bv[i] == bv[0] && bi[i] < bi[0])) { bv[0] = bv[i]; bi[0] = bi[i]; }
-        *next_id = (int)bi[0];
+        const int tok = bi[0] < V ? (int)bi[0] : 0; // every logit -inf or NaN: token 0, as the CPU reference
+        *next_id = tok;
         if (ring) {
             const int s = *d_step;
-            ((volatile int *)ring)[s % ring_size] = (int)bi[0];
+            ((volatile int *)ring)[s % ring_size] = tok;
             *d_step = s + 1;
         }
         if (d_pos) *d_pos += 1;

@@ -666,7 +666,6 @@ struct cuda_sampler {
     u64 *hmass;
     int *res_h, *res_d;     // host-mapped result
     unsigned char *h_seen;  // staging for the prompt's seen flags
-    float *h_logits;
 };
 
 #define SCK(call)                                                                                              \
@@ -684,7 +683,6 @@ void cuda_sampler_free(cuda_sampler *c) {
         if (q) cudaFree(q);
     if (c->res_h) cudaFreeHost(c->res_h);
     free(c->h_seen);
-    free(c->h_logits);
     delete c;
 }
 
@@ -706,8 +704,7 @@ static int smp_init(cuda_sampler *c, lilac_err *err) {
     SCK(cudaHostGetDevicePointer((void **)&c->res_d, c->res_h, 0));
     c->res_h[0] = c->res_h[1] = 0;
     c->h_seen = (unsigned char *)malloc(V);
-    c->h_logits = (float *)malloc(sizeof(float) * V);
-    if (!c->h_seen || !c->h_logits) return lilac_fail(err, "CUDA sampler: out of host memory");
+    if (!c->h_seen) return lilac_fail(err, "CUDA sampler: out of host memory");
     return 0;
 }
 
@@ -739,8 +736,6 @@ cuda_sampler *cuda_sampler_new(int64_t vocab, lilac_err *err) {
 }
 
 void cuda_sampler_set_cap(cuda_sampler *c, int cap) { c->hp.cap = cap < 1 ? 1 : cap > SMP_CAP ? SMP_CAP : cap; }
-
-float *cuda_sampler_host_logits(cuda_sampler *c) { return c->h_logits; }
 
 int cuda_sampler_begin(cuda_sampler *c, const lilac_sampling *p, const int32_t *prompt, int n_prompt, cudaStream_t st,
                        lilac_err *err) {

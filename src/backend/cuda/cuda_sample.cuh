@@ -31,9 +31,6 @@ int cuda_sampler_begin(cuda_sampler *c, const lilac_sampling *p, const int32_t *
 int cuda_sampler_launch(cuda_sampler *c, const float *d_logits, cudaStream_t st, lilac_err *err);
 // The token of the last completed launch, or -1 + err (an internal inconsistency).
 int32_t cuda_sampler_result(cuda_sampler *c, lilac_err *err);
-// A host buffer of [vocab] floats the caller may use (the CUDA backend lands a
-// prefill's last logits there).
-float *cuda_sampler_host_logits(cuda_sampler *c);
 // Test hook: how many elements the selection kernel sorts in shared memory at
 // once (1..2048, default 2048); smaller values force its radix fallback. Takes
 // effect at the next cuda_sampler_begin.
