@@ -30,52 +30,9 @@
 #include <vector>
 
 #include "../unit/check.h"
+#include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
 
-#define CK(call)                                                                                         \
-    do {                                                                                                 \
-        cudaError_t e_ = (call);                                                                         \
-        if (e_ != cudaSuccess) {                                                                         \
-            fprintf(stderr, "%s:%d: %s: %s\nFAIL (CUDA error)\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                     \
-        }                                                                                                \
-    } while (0)
-// After every launch: the launch itself, then its execution.
-#define CKL()                                    \
-    do {                                         \
-        CK(cudaGetLastError());                  \
-        CK(cudaDeviceSynchronize());             \
-    } while (0)
-
-template <typename T>
-struct dbuf {
-    T *p = nullptr;
-    size_t n = 0;
-    explicit dbuf(size_t n_) : n(n_) { CK(cudaMalloc((void **)&p, sizeof(T) * (n ? n : 1))); }
-    ~dbuf() {
-        const cudaError_t e = cudaFree(p);
-        if (e != cudaSuccess) fprintf(stderr, "cudaFree: %s\n", cudaGetErrorString(e));
-    }
-    dbuf(const dbuf &) = delete;
-    dbuf &operator=(const dbuf &) = delete;
-    void put(const T *h) { CK(cudaMemcpy(p, h, sizeof(T) * n, cudaMemcpyHostToDevice)); }
-    void put(const std::vector<T> &h) { put(h.data()); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        CK(cudaMemcpy(h.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-        return h;
-    }
-    void fill_bytes(int b) { CK(cudaMemset(p, b, sizeof(T) * n)); }
-};
-
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd() { // splitmix64
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static int rnd_int(int n) { return (int)(rnd() % (uint64_t)n); }
 // On a grid of 1/256 in [lo, hi): distinct values differ by >= 1/256, so their
 // exponentials differ by far more than expf's error.
 static float rnd_grid(float lo, float hi) { return lo + (float)rnd_int((int)((hi - lo) * 256.0f)) / 256.0f; }

@@ -575,8 +575,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         lilac_fail(err, "CUDA backend: linear_key_head_dim %d unsupported (32, 64, 128, 256)", c->lin_k_dim);
         return nullptr;
     }
-    if (c->lin_v_dim % 32 || (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256) || c->conv_kernel > 16) {
-        lilac_fail(err, "CUDA backend: unsupported geometry (linear_value_head_dim %% 32, head_dim 64/128/256, conv <= 16)");
+    if (c->lin_v_dim % 32 || (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256) || c->conv_kernel < 2 ||
+        c->conv_kernel > 8) { // k_conv is instantiated for windows of 2..8
+        lilac_fail(err, "CUDA backend: unsupported geometry (linear_value_head_dim %% 32, head_dim 64/128/256, conv 2..8)");
         return nullptr;
     }
     lilac_session *s = new lilac_session();

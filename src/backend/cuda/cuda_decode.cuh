@@ -577,34 +577,10 @@ __device__ __noinline__ void mk_gdn(const mk_params &P, const dlayer &d, int l, 
         sq = block_sum(sq, red);
         sk = block_sum(sk, red);
         const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
-        const float beta = 1.0f / (1.0f + expf(-bbj));
-        const float xa = baj + dtb;
-        const float a = expf(-expf(alog) * (xa > 20.0f ? xa : log1pf(expf(xa))));
-        float r = 0.0f;
-#pragma unroll
-        for (int i = 0; i < KPT; i++) r += sv[i] * ks[g * KPT + i];
-        pt[g * CW + m] = r * kn;
-        __syncthreads();
-        float rt = 0.0f;
-#pragma unroll
-        for (int gg = 0; gg < G; gg++) rt += pt[gg * CW + m];
-        const float dd = (vsm[m] - a * rt) * beta;
-        float ov = 0.0f;
-#pragma unroll
-        for (int i = 0; i < KPT; i++) {
-            sv[i] = a * sv[i] + ks[g * KPT + i] * kn * dd;
-            S[(int64_t)i * dv] = sv[i];
-            ov += sv[i] * qs[g * KPT + i];
-        }
-        __syncthreads();
-        pt[g * CW + m] = ov * qn;
-        __syncthreads();
-        if (g == 0) {
-            float ot = 0.0f;
-#pragma unroll
-            for (int gg = 0; gg < G; gg++) ot += pt[gg * CW + m];
-            P.o[(int64_t)j * dv + col] = ot;
-        }
+        float beta, a;
+        gdn_gates(bbj, baj, dtb, alog, beta, a);
+        const float ot = gdn_column_step<KPT, G>(sv, S, dv, qs, ks, qn, kn, a, beta, vsm[m], pt, CW, m, g);
+        if (g == 0) P.o[(int64_t)j * dv + col] = ot;
         __syncthreads();
     }
 }

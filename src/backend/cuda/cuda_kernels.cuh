@@ -389,8 +389,49 @@ __global__ void k_conv(const float *qkv, float *state2, const float *w, float *o
     }
 }
 
+// The gates of a v-head: beta = sigmoid(b), decay = exp(-exp(A_log) softplus(a + dt_bias)).
+__device__ __forceinline__ void gdn_gates(float b, float a, float dt_bias, float A_log, float &beta, float &decay) {
+    beta = 1.0f / (1.0f + expf(-b));
+    const float xa = a + dt_bias;
+    decay = expf(-expf(A_log) * (xa > 20.0f ? xa : log1pf(expf(xa))));
+}
+
+// One decode step of the delta rule for state column m: the thread holds keys
+// [g*KPT, (g+1)*KPT) of the column in sv (stored back to S, stride ld); q and k
+// (shared memory) come with their L2 factors qn (1/sqrt(dk) included) and kn; v
+// is the column's value. part: [G][width] shared scratch, width >= the threads'
+// columns. Returns q . S_new for the column in every thread of it.
+template <int KPT, int G>
+__device__ __forceinline__ float gdn_column_step(float (&sv)[KPT], float *S, int64_t ld, const float *qs, const float *ks,
+                                                 float qn, float kn, float decay, float beta, float v, float *part,
+                                                 int width, int m, int g) {
+    float r = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) r += sv[i] * ks[g * KPT + i];
+    part[g * width + m] = r * kn;
+    __syncthreads();
+    float rt = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < G; gg++) rt += part[gg * width + m];
+    const float d = (v - decay * rt) * beta;
+    float ov = 0.0f;
+#pragma unroll
+    for (int i = 0; i < KPT; i++) {
+        sv[i] = decay * sv[i] + ks[g * KPT + i] * kn * d;
+        S[(int64_t)i * ld] = sv[i];
+        ov += sv[i] * qs[g * KPT + i];
+    }
+    __syncthreads();
+    part[g * width + m] = ov * qn;
+    __syncthreads();
+    float ot = 0.0f;
+#pragma unroll
+    for (int gg = 0; gg < G; gg++) ot += part[gg * width + m];
+    return ot;
+}
+
 // Per token: L2-normalise the q and k heads in place (q also scaled by
-// 1/sqrt(dk)), and the gates beta = sigmoid(b), decay = exp(-exp(A_log) softplus(a + dt_bias)).
+// 1/sqrt(dk)), and the gates (gdn_gates).
 __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, int dk, const float *bb,
                            const float *ba, const float *A_log, const float *dt_bias, int Hv, float *beta,
                            float *decay) {
@@ -407,10 +448,7 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
     }
     for (int j = threadIdx.x; j < Hv; j += blockDim.x) {
         const int64_t i = (int64_t)t * Hv + j;
-        beta[i] = 1.0f / (1.0f + expf(-bb[i]));
-        const float xa = ba[i] + dt_bias[j];
-        const float sp = xa > 20.0f ? xa : log1pf(expf(xa));
-        decay[i] = expf(-expf(A_log[j]) * sp);
+        gdn_gates(bb[i], ba[i], dt_bias[j], A_log[j], beta[i], decay[i]);
     }
 }
 
@@ -557,31 +595,9 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
     sq = block_sum(sq, red);
     sk = block_sum(sk, red);
     const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
-    const float beta = 1.0f / (1.0f + expf(-bb[j]));
-    const float xa = ba[j] + dt_bias[j];
-    const float a = expf(-expf(A_log[j]) * (xa > 20.0f ? xa : log1pf(expf(xa))));
-    float r = 0.0f;
-#pragma unroll
-    for (int i = 0; i < KPT; i++) r += sv[i] * ks[g * KPT + i];
-    part[g * dv + m] = r * kn;
-    __syncthreads();
-    float rt = 0.0f;
-#pragma unroll
-    for (int gg = 0; gg < GDN_G; gg++) rt += part[gg * dv + m];
-    const float d = (vsm[m] - a * rt) * beta;
-    float ov = 0.0f;
-#pragma unroll
-    for (int i = 0; i < KPT; i++) {
-        sv[i] = a * sv[i] + ks[g * KPT + i] * kn * d;
-        S[(int64_t)i * dv] = sv[i];
-        ov += sv[i] * qs[g * KPT + i];
-    }
-    __syncthreads();
-    part[g * dv + m] = ov * qn;
-    __syncthreads();
-    float ot = 0.0f;
-#pragma unroll
-    for (int gg = 0; gg < GDN_G; gg++) ot += part[gg * dv + m];
+    float beta, a;
+    gdn_gates(bb[j], ba[j], dt_bias[j], A_log[j], beta, a);
+    const float ot = gdn_column_step<KPT, GDN_G>(sv, S, dv, qs, ks, qn, kn, a, beta, vsm[m], part, dv, m, g);
     const float ss = block_sum(g == 0 ? ot * ot : 0.0f, red);
     if (g == 0) {
         const float inv = rsqrtf(ss / (float)dv + eps), zz = z[(int64_t)j * dv + m];

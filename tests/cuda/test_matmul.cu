@@ -1,0 +1,431 @@
+// test_matmul.cu — the quantized matrix products of the CUDA backend against
+// plain CPU loops written here (run on the device: build/cuda-tests/test_matmul;
+// no model needed).
+//
+// Matrices are random MLX affine tensors (codes in u32 words, bf16 scale and bias
+// per group of 64 or 32 columns), uploaded and repacked by k_repack4 exactly as
+// up_mat does, at the model's shapes (in_proj 8192 x 2048, out_proj 2048 x 4096,
+// experts 512 x 2048 and 2048 x 512, router 256 x 2048 at 8 bits, rows that are
+// not a multiple of 16). The reference is the dequantised product in double.
+//   - k_gemv (decode): the tensor-core path over the packed layout and row_dot
+//     (8-bit, 4-bit MLX layout with group 64 and 32), input modes plain / RMSNorm
+//     with gain (and the normalised row written out) / SwiGLU, several matrices in
+//     one launch, accumulation into y, expert mode over routed slots (one shared
+//     input row, or one row per slot), launched as gemv() in cuda_backend.cu does.
+//   - k_split_x + k_gemm_q<4|8> (prefill): 1 .. 200 tokens, tile edges (64, 65),
+//     several matrices per launch, a SwiGLU input split.
+// Bar: max|gpu - ref| / max|ref| <= 1e-4 (the products are f32-faithful: codes
+// exact, activations split into two bf16 parts; measured ~1e-6 .. 1e-5).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "../unit/check.h"
+#include "cuda_test.h"
+#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_packed.cuh"
+
+static const double BAR = 1e-4;
+static bool quick;
+
+// ---------------------------------------------------------------- a random affine matrix, host and device
+
+struct qmat {
+    int bits, group;
+    int64_t rows, cols; // per expert
+    int experts;
+    std::vector<uint32_t> q;
+    std::vector<__nv_bfloat16> s, b;
+    dbuf<uint32_t> *dq = nullptr;
+    dbuf<__nv_bfloat16> *ds = nullptr, *db = nullptr;
+    dbuf<uint4> *dpk = nullptr;
+    dbuf<uint32_t> *dpsb = nullptr;
+    dmat W;   // the packed view when 4-bit group 64, else the MLX layout
+    dmat mlx; // always the MLX layout (row_dot)
+    ~qmat() { delete dq; delete ds; delete db; delete dpk; delete dpsb; }
+    std::vector<float> deq; // every weight, dequantised once (s * q + b, from the MLX layout)
+    float w(int e, int64_t r, int64_t c) const { return deq[(size_t)(((int64_t)e * rows + r) * cols + c)]; }
+};
+
+static qmat *make_qmat(int64_t rows, int64_t cols, int bits, int group, int experts = 1) {
+    qmat *m = new qmat();
+    m->bits = bits;
+    m->group = group;
+    m->rows = rows;
+    m->cols = cols;
+    m->experts = experts;
+    const int64_t R = rows * experts, ng = cols / group;
+    m->q.resize((size_t)(R * cols * bits / 32));
+    for (auto &w : m->q) w = (uint32_t)rnd();
+    m->s.resize((size_t)(R * ng));
+    m->b.resize((size_t)(R * ng));
+    const float qmax = (float)((1 << bits) - 1);
+    for (size_t i = 0; i < m->s.size(); i++) { // w in about [-0.05, 0.05], as trained weights
+        m->s[i] = __float2bfloat16((0.02f + 0.08f * rnd_unit()) / qmax);
+        m->b[i] = __float2bfloat16(rnd_sym(0.05f));
+    }
+    m->deq.resize((size_t)(R * cols));
+    for (int64_t row = 0; row < R; row++)
+        for (int64_t c = 0; c < cols; c++) {
+            const uint32_t word = m->q[(size_t)(row * (cols * bits / 32) + c * bits / 32)];
+            const uint32_t code = (word >> ((c % (32 / bits)) * bits)) & ((1u << bits) - 1u);
+            const int64_t g = row * ng + c / group;
+            m->deq[(size_t)(row * cols + c)] = __bfloat162float(m->s[(size_t)g]) * (float)code + __bfloat162float(m->b[(size_t)g]);
+        }
+    m->dq = new dbuf<uint32_t>(m->q.size());
+    m->ds = new dbuf<__nv_bfloat16>(m->s.size());
+    m->db = new dbuf<__nv_bfloat16>(m->b.size());
+    m->dq->put(m->q);
+    m->ds->put(m->s);
+    m->db->put(m->b);
+    dmat &d = m->mlx;
+    memset(&d, 0, sizeof d);
+    d.type = 0;
+    d.bits = bits;
+    d.group = group;
+    d.rows = rows;
+    d.cols = cols;
+    d.stride = rows;
+    d.n_experts = experts;
+    d.q = m->dq->p;
+    d.s = m->ds->p;
+    d.b = m->db->p;
+    m->W = d;
+    if (pk_ok(d)) { // as up_mat: repack, the packed view drops the MLX pointers
+        const int64_t rb = (rows + 15) / 16, n = (int64_t)experts * rb * (cols / 64) * 32;
+        m->dpk = new dbuf<uint4>((size_t)n);
+        m->dpsb = new dbuf<uint32_t>((size_t)(n / 2));
+        k_repack4<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1 << 16), 256>>>(d, rb, m->dpk->p, m->dpsb->p);
+        CKL();
+        m->W.pk = m->dpk->p;
+        m->W.psb = m->dpsb->p;
+        m->W.pk_rb = rb;
+        m->W.q = nullptr;
+        m->W.s = m->W.b = nullptr;
+    }
+    return m;
+}
+
+// max|a - ref| / max|ref|
+static double rel_err(const std::vector<float> &a, const std::vector<double> &ref) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        num = std::max(num, fabs((double)a[i] - ref[i]));
+        den = std::max(den, fabs(ref[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+static std::vector<float> rand_vec(size_t n, float a) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = rnd_sym(a);
+    return v;
+}
+static float silu_h(float v) { return v / (1.0f + expf(-v)); }
+
+// ---------------------------------------------------------------- k_gemv, launched as gemv() does
+
+static void launch_gemv(gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi, int x_div,
+                        int slots) {
+    const int ns = gemv_ns(j.W[0].cols / 64);
+    for (int i = 0; i < j.n; i++) {
+        const int rpb = gemv_rows_per_block(j.W[i], ns);
+        j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
+    }
+    const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
+    const size_t sm = gemv_smem_all(j.W[0].cols);
+#define GO(XM, NS) k_gemv<XM, NS><<<g, 256, sm>>>(j, x, ldx, xoff, topi, x_div)
+#define NS_SWITCH(XM)              \
+    switch (ns) {                  \
+    case 8: GO(XM, 8); break;      \
+    case 4: GO(XM, 4); break;      \
+    case 2: GO(XM, 2); break;      \
+    default: GO(XM, 1); break;     \
+    }
+    if (xm == XM_SWIGLU) { NS_SWITCH(XM_SWIGLU) }
+    else if (xm == XM_NORM) { NS_SWITCH(XM_NORM) }
+    else { NS_SWITCH(XM_PLAIN) }
+#undef NS_SWITCH
+#undef GO
+    CKL();
+}
+
+static gemv_job new_job() {
+    gemv_job j;
+    memset(&j, 0, sizeof j);
+    return j;
+}
+
+// One matrix, one input row: plain, accumulate, RMSNorm (+ the normalised row out), SwiGLU.
+static void gemv_case(const char *what, qmat *m, bool packed_view, int xm, bool accum) {
+    const int64_t R = m->rows, C = m->cols;
+    const int64_t xw = xm == XM_SWIGLU ? 2 * C : C;
+    std::vector<float> x = rand_vec((size_t)xw, 2.0f), gain = rand_vec((size_t)C, 1.5f), y0 = rand_vec((size_t)R, 1.0f);
+    // the input the matrix sees
+    std::vector<double> xin((size_t)C);
+    double ss = 0.0;
+    for (int64_t c = 0; c < C; c++) ss += (double)x[(size_t)c] * x[(size_t)c];
+    const double inv = 1.0 / sqrt(ss / (double)C + 1e-6);
+    for (int64_t c = 0; c < C; c++) {
+        if (xm == XM_SWIGLU) xin[(size_t)c] = (double)silu_h(x[(size_t)c]) * x[(size_t)(C + c)];
+        else if (xm == XM_NORM) xin[(size_t)c] = x[(size_t)c] * inv * gain[(size_t)c];
+        else xin[(size_t)c] = x[(size_t)c];
+    }
+    std::vector<double> ref((size_t)R);
+    for (int64_t r = 0; r < R; r++) {
+        double a = accum ? y0[(size_t)r] : 0.0;
+        for (int64_t c = 0; c < C; c++) a += (double)m->w(0, r, c) * xin[(size_t)c];
+        ref[(size_t)r] = a;
+    }
+    dbuf<float> dx((size_t)xw), dy((size_t)R), dg((size_t)C), dxn((size_t)C);
+    dx.put(x);
+    dy.put(y0);
+    dg.put(gain);
+    gemv_job j = new_job();
+    j.n = 1;
+    j.W[0] = packed_view ? m->W : m->mlx;
+    j.y[0] = dy.p;
+    j.ldy[0] = R;
+    j.accum[0] = accum;
+    j.gain = dg.p;
+    j.xn_out = xm == XM_NORM ? dxn.p : nullptr;
+    j.eps = 1e-6f;
+    launch_gemv(j, xm, dx.p, xw, C, nullptr, 1, 0);
+    const double e = rel_err(dy.get(), ref);
+    printf("  gemv %-40s %6lld x %-5lld rel err %.2e\n", what, (long long)R, (long long)C, e);
+    CHECKF(e <= BAR, "gemv %s: rel err %.3e", what, e);
+    if (xm == XM_NORM) { // the normalised row the GEMV wrote for later kernels
+        std::vector<double> xr(xin.begin(), xin.end());
+        const double en = rel_err(dxn.get(), xr);
+        CHECKF(en <= 1e-6, "gemv %s: xn_out rel err %.3e", what, en);
+    }
+}
+
+static void test_gemv_shapes(void) {
+    struct { int64_t r, c; int bits, group; } S[] = {
+        {8192, 2048, 4, 64}, {2048, 4096, 4, 64}, {512, 2048, 4, 64}, {2048, 512, 4, 64},
+        {40, 2048, 4, 64},   {100, 512, 4, 64},   {256, 2048, 8, 64}, {1, 2048, 8, 64},
+        {96, 1024, 4, 32},   {37, 256, 8, 32},
+    };
+    for (auto &s : S) {
+        qmat *m = make_qmat(s.r, s.c, s.bits, s.group);
+        char what[96];
+        const bool pk = m->W.pk != nullptr;
+        snprintf(what, sizeof what, "%d-bit g%d %s, plain", s.bits, s.group, pk ? "packed" : "row_dot");
+        gemv_case(what, m, true, XM_PLAIN, false);
+        if (pk) { // the same matrix through row_dot's 4-bit MLX branch
+            snprintf(what, sizeof what, "4-bit g64 row_dot (MLX layout), plain");
+            gemv_case(what, m, false, XM_PLAIN, false);
+        }
+        snprintf(what, sizeof what, "%d-bit g%d %s, rmsnorm+gain, accum", s.bits, s.group, pk ? "packed" : "row_dot");
+        gemv_case(what, m, true, XM_NORM, true);
+        snprintf(what, sizeof what, "%d-bit g%d %s, swiglu", s.bits, s.group, pk ? "packed" : "row_dot");
+        gemv_case(what, m, true, XM_SWIGLU, false);
+        delete m;
+        if (quick && s.r == 2048 && s.c == 4096) break;
+    }
+}
+
+// Several matrices of one input in one launch (the layer's input projections).
+static void test_gemv_multi(void) {
+    const int64_t C = 2048;
+    qmat *a = make_qmat(1024, C, 4, 64), *b = make_qmat(32, C, 4, 64), *r = make_qmat(64, C, 8, 64);
+    qmat *ms[3] = {a, b, r};
+    std::vector<float> x = rand_vec((size_t)C, 2.0f), gain = rand_vec((size_t)C, 1.5f);
+    double ss = 0.0;
+    for (float v : x) ss += (double)v * v;
+    const double inv = 1.0 / sqrt(ss / (double)C + 1e-6);
+    dbuf<float> dx((size_t)C), dg((size_t)C);
+    dx.put(x);
+    dg.put(gain);
+    std::vector<dbuf<float> *> dy;
+    gemv_job j = new_job();
+    j.n = 3;
+    for (int i = 0; i < 3; i++) {
+        dy.push_back(new dbuf<float>((size_t)ms[i]->rows));
+        j.W[i] = ms[i]->W;
+        j.y[i] = dy[(size_t)i]->p;
+        j.ldy[i] = ms[i]->rows;
+    }
+    j.gain = dg.p;
+    j.eps = 1e-6f;
+    launch_gemv(j, XM_NORM, dx.p, C, 0, nullptr, 1, 0);
+    for (int i = 0; i < 3; i++) {
+        std::vector<double> ref((size_t)ms[i]->rows);
+        for (int64_t rr = 0; rr < ms[i]->rows; rr++) {
+            double acc = 0.0;
+            for (int64_t c = 0; c < C; c++) acc += (double)ms[i]->w(0, rr, c) * (x[(size_t)c] * inv * gain[(size_t)c]);
+            ref[(size_t)rr] = acc;
+        }
+        const double e = rel_err(dy[(size_t)i]->get(), ref);
+        printf("  gemv job of 3 matrices: matrix %d (%lld rows, %d-bit) rel err %.2e\n", i, (long long)ms[i]->rows,
+               ms[i]->bits, e);
+        CHECKF(e <= BAR, "multi-matrix job, matrix %d: rel err %.3e", i, e);
+        delete dy[(size_t)i];
+        delete ms[i];
+    }
+}
+
+// Expert mode: gate/up (one input row for every slot, x_div = K) and down
+// (slot k reads row k of a SwiGLU input; with the shared expert's down as a
+// plain matrix computed by slot 0 only, as moe_layer launches it).
+static void test_gemv_experts(void) {
+    const int E = 16, K = 8;
+    const int64_t H = 2048, I = 512;
+    std::vector<int> topi = {3, 15, 0, 7, 8, 2, 11, 5};
+    dbuf<int> dt((size_t)K);
+    dt.put(topi);
+    { // gate: slots share the input row
+        qmat *g = make_qmat(I, H, 4, 64, E);
+        std::vector<float> x = rand_vec((size_t)H, 2.0f);
+        dbuf<float> dx((size_t)H), dy((size_t)(K * I));
+        dx.put(x);
+        gemv_job j = new_job();
+        j.n = 1;
+        j.W[0] = g->W;
+        j.y[0] = dy.p;
+        j.ldy[0] = I;
+        launch_gemv(j, XM_PLAIN, dx.p, H, 0, dt.p, K, K);
+        std::vector<double> ref((size_t)(K * I));
+        for (int k = 0; k < K; k++)
+            for (int64_t r = 0; r < I; r++) {
+                double a = 0.0;
+                for (int64_t c = 0; c < H; c++) a += (double)g->w(topi[(size_t)k], r, c) * x[(size_t)c];
+                ref[(size_t)(k * I + r)] = a;
+            }
+        const double e = rel_err(dy.get(), ref);
+        printf("  gemv experts: gate 8 of 16 experts (512 x 2048), shared input   rel err %.2e\n", e);
+        CHECKF(e <= BAR, "expert gate: rel err %.3e", e);
+        delete g;
+    }
+    { // down: slot k's input is silu(gu[k][c]) * gu[k][I + c]; the shared expert's down beside it
+        qmat *dn = make_qmat(H, I, 4, 64, E), *sh = make_qmat(H, I, 4, 64);
+        std::vector<float> gu = rand_vec((size_t)(K * 2 * I), 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f);
+        dbuf<float> dgu(gu.size()), dsh(shgu.size()), dy((size_t)(K * H)), dys((size_t)H);
+        dgu.put(gu);
+        dsh.put(shgu);
+        gemv_job j = new_job();
+        j.n = 2;
+        j.W[0] = dn->W;
+        j.y[0] = dy.p;
+        j.ldy[0] = H;
+        j.W[1] = sh->W;
+        j.y[1] = dys.p;
+        j.ldy[1] = H;
+        j.x[1] = dsh.p;
+        j.ldx[1] = 2 * I;
+        j.xoff[1] = I;
+        j.plain[1] = 1;
+        launch_gemv(j, XM_SWIGLU, dgu.p, 2 * I, I, dt.p, 1, K);
+        std::vector<double> ref((size_t)(K * H)), refs((size_t)H);
+        for (int k = 0; k < K; k++)
+            for (int64_t r = 0; r < H; r++) {
+                double a = 0.0;
+                for (int64_t c = 0; c < I; c++)
+                    a += (double)dn->w(topi[(size_t)k], r, c) * ((double)silu_h(gu[(size_t)(k * 2 * I + c)]) *
+                                                                gu[(size_t)(k * 2 * I + I + c)]);
+                ref[(size_t)(k * H + r)] = a;
+            }
+        for (int64_t r = 0; r < H; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < I; c++) a += (double)sh->w(0, r, c) * ((double)silu_h(shgu[(size_t)c]) * shgu[(size_t)(I + c)]);
+            refs[(size_t)r] = a;
+        }
+        const double e = rel_err(dy.get(), ref), es = rel_err(dys.get(), refs);
+        printf("  gemv experts: down 8 of 16 experts (2048 x 512), row per slot rel err %.2e; shared down %.2e\n", e, es);
+        CHECKF(e <= BAR, "expert down: rel err %.3e", e);
+        CHECKF(es <= BAR, "shared down beside the routed ones: rel err %.3e", es);
+        delete dn;
+        delete sh;
+    }
+}
+
+// ---------------------------------------------------------------- k_gemm_q (prefill)
+
+static void gemm_case(int64_t T, int n, qmat **ms, int xm) {
+    const int64_t C = ms[0]->cols, xw = xm == 1 ? 2 * C : C;
+    std::vector<float> x = rand_vec((size_t)(T * xw), 2.0f);
+    dbuf<float> dx(x.size());
+    dx.put(x);
+    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
+    dbuf<float> xs((size_t)(T * C / 64));
+    if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p);
+    else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p);
+    CKL();
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = n;
+    std::vector<dbuf<float> *> dy;
+    for (int i = 0; i < n; i++) {
+        dy.push_back(new dbuf<float>((size_t)(T * ms[i]->rows)));
+        j.W[i] = ms[i]->W;
+        j.y[i] = dy[(size_t)i]->p;
+        j.ldy[i] = ms[i]->rows;
+        j.start[i + 1] = j.start[i] + (int)((ms[i]->rows + G4_BM - 1) / G4_BM);
+    }
+    const dim3 g((unsigned)j.start[n], (unsigned)((T + G4_BN - 1) / G4_BN));
+    if (ms[0]->bits == 8) k_gemm_q<8><<<g, 256, g4_smem<8>()>>>(j, xh.p, xl.p, xs.p, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    CKL();
+    for (int i = 0; i < n; i++) {
+        const int64_t R = ms[i]->rows;
+        std::vector<double> ref((size_t)(T * R));
+        std::vector<double> xin((size_t)C);
+        for (int64_t t = 0; t < T; t++) {
+            for (int64_t c = 0; c < C; c++)
+                xin[(size_t)c] = xm == 1 ? (double)silu_h(x[(size_t)(t * xw + c)]) * x[(size_t)(t * xw + C + c)]
+                                         : (double)x[(size_t)(t * xw + c)];
+            for (int64_t r = 0; r < R; r++) {
+                double a = 0.0;
+                for (int64_t c = 0; c < C; c++) a += (double)ms[i]->w(0, r, c) * xin[(size_t)c];
+                ref[(size_t)(t * R + r)] = a;
+            }
+        }
+        const double e = rel_err(dy[(size_t)i]->get(), ref);
+        printf("  gemm_q<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s rel err %.2e\n", ms[i]->bits, (long long)T, i, n,
+               (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ", e);
+        CHECKF(e <= BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
+        delete dy[(size_t)i];
+    }
+}
+
+static void test_gemm_q(void) {
+    CK(cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()));
+    CK(cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()));
+    qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
+    qmat *r8 = make_qmat(256, 2048, 8, 64), *g8 = make_qmat(1, 2048, 8, 64);
+    const int64_t Ts_full[] = {1, 7, 64, 65, 200};
+    const int64_t Ts_quick[] = {1, 65};
+    const int64_t *Ts = quick ? Ts_quick : Ts_full;
+    const int nT = quick ? 2 : 5;
+    for (int i = 0; i < nT; i++) {
+        qmat *two[2] = {a, b};
+        gemm_case(Ts[i], 2, two, 0);
+        qmat *d1[1] = {dn};
+        gemm_case(Ts[i], 1, d1, i % 2); // the down projection, on a SwiGLU input every other length
+        qmat *eight[2] = {r8, g8};
+        gemm_case(Ts[i], 2, eight, 0);
+    }
+    delete a; delete b; delete dn; delete r8; delete g8;
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else { fprintf(stderr, "usage: test_matmul [--quick]\n"); return 2; }
+    }
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) { fprintf(stderr, "no CUDA device\n"); return 2; }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    TEST(test_gemv_shapes);
+    TEST(test_gemv_multi);
+    TEST(test_gemv_experts);
+    TEST(test_gemm_q);
+    return check_summary();
+}
