@@ -349,6 +349,8 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 #define CONV_TS 32
 template <int K>
 __global__ void k_conv(const float *qkv, float *state2, const float *w, float *out, int T, int64_t CD, const int *d_pos) {
+    // segments past the first take their window from qkv alone, never from the state
+    static_assert(K - 1 <= CONV_TS, "a conv window longer than a token segment would read the state buffer");
     pdl_wait();
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (ch >= CD) return;
