@@ -442,10 +442,15 @@ static int mk_setup(lilac_session *s, lilac_err *err) {
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c);
     bool fits = fn && c->conv_kernel == 4 && c->lin_v_heads <= 64 && c->lin_v_heads % c->lin_k_heads == 0 &&
                 c->n_heads <= 32 && c->n_heads % c->n_kv_heads == 0 && c->n_experts <= 256 && K <= 32 && I == SI &&
-                c->rotary_dim <= c->head_dim && D->lm_head.rows > 0 &&
+                c->rotary_dim <= c->head_dim && D->lm_head.rows > 0 && H % 64 == 0 && I % 64 == 0 && VD % 64 == 0 &&
+                ((int64_t)c->n_heads * c->head_dim) % 64 == 0 && // staged widths: whole 64-column groups
+
                 VD <= MK_LD * 4 * MK_THREADS && c->lin_v_dim % 4 == 0 &&
                 2 * c->lin_k_dim + MK_THREADS / (c->lin_v_dim % 64 == 0 ? 4 : 8) <= 2 * MK_THREADS;
-    if (!fits) return 0;
+    if (!fits) {
+        fprintf(stderr, "lilac: LILAC_PERSISTENT=1, but this geometry has no persistent decode kernel: kernel per step\n");
+        return 0;
+    }
     // phase descriptors: layer l reads x[l & 1] and writes x[(l + 1) & 1]
     float *X[2] = {s->x, s->x + H};
     std::vector<mk_gemv> ph;
@@ -480,7 +485,13 @@ static int mk_setup(lilac_session *s, lilac_err *err) {
             if (j.m[i].W.pk) wstride = std::max(wstride, (int64_t)j.m[i].rbb * (j.m[i].W.cols / 64) * 36);
     const int64_t woff = (int64_t)((smem + 15) / 16 * 4);
     smem = sizeof(float) * (size_t)woff + 2 * sizeof(uint4) * (size_t)wstride;
-    int per_sm = 0;
+    int per_sm = 0, optin = 0;
+    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    if (smem > (size_t)optin) {
+        fprintf(stderr, "lilac: the persistent decode kernel needs %zu bytes of shared memory (%d here): kernel per step\n",
+                smem, optin);
+        return 0;
+    }
     CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, MK_THREADS, smem));
     int coop = 0;
@@ -791,6 +802,7 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
         // one split of xn; one GEMM launch per bit width for the quantized matrices
+        s->xn_split = false; // xn was just rewritten: any earlier split is stale
         bool split = false;
         for (int bits = 4; bits <= 8; bits += 4) {
             dmat Wq[G4_MATS];
@@ -1166,9 +1178,11 @@ static int mk_profile_report(lilac_session *s, unsigned long long *d, lilac_err 
     return 0;
 }
 
-// Persistent decode kernels of different sessions (each filling the GPU and
-// spinning at grid barriers) must not run at once: each waits for the last one
-// queued (before = true), then becomes it. Around launches, outside capture.
+// Persistent decode kernels of different sessions (each sized to fill the GPU
+// and spinning at grid barriers) run one after another: each waits for the last
+// one queued (before = true), then becomes it. Around launches, outside capture.
+// (A cooperative launch keeps each grid co-resident; this keeps two grids from
+// contending for the same SMs.)
 static int mk_order(lilac_session *s, bool before, lilac_err *err) {
     static cudaEvent_t last_ev = nullptr;
     if (!s->mk_fn) return 0;

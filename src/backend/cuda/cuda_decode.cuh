@@ -112,7 +112,7 @@ __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *pro
             st_release(bar + 32, g + 1);
         } else {
             // A CTA that never arrives (not co-resident: impossible with a cooperative
-            // launch) would hang the GPU: after ~seconds, fail the launch instead.
+            // launch) would hang the GPU: after 2^28 polls (minutes), fail the launch instead.
             for (unsigned spins = 0; *(volatile unsigned *)(bar + 32) == g; spins++)
                 if (spins > (1u << 28)) __trap();
         }
@@ -799,7 +799,7 @@ __global__ void __launch_bounds__(MK_THREADS, MINB) k_decode(const mk_params *Pg
             for (int k = 0; k < K; k++) prefetch_mat(d.exp_down, topi_s[k]);
             prefetch_mat(d.sh_down, -1);
         }
-        stage_resid(P, -1, xout, false, nullptr, d.post_norm, st, red);
+        // the input is P4's, still staged (nothing since wrote the staging area)
         MK_MID();
         gemv_phase(ph + 3, st, topi_s, pt, false, bv, bi, wb, P.wstride);
         grid_sync(P.bar, prof, nb);
