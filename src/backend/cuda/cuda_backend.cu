@@ -559,7 +559,6 @@ static int mk_setup(lilac_session *s, lilac_err *err) {
     P.rlog = s->rlog; P.shgu = s->shgu; P.sg = s->sg; P.gu = s->gu; P.ye = s->ye; P.shy = s->shy;
     P.topw = s->topw; P.topi = s->topi;
     P.logits = s->logits;
-    P.V = c->vocab;
     P.d_ids = s->d_ids;
     P.d_pos = s->d_pos;
     P.d_step = s->d_step;

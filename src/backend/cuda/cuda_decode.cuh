@@ -73,7 +73,6 @@ struct mk_params {
     float *x0, *x1, *qkv, *z, *bb, *ba, *o, *qg, *kx, *vx, *att, *part, *rlog, *shgu, *sg, *gu, *ye, *shy, *topw;
     int *topi;
     float *logits;
-    int64_t V;
     int *d_ids, *d_pos, *ring, ring_size, *d_step;
     float *amax_v;
     int *amax_i;
