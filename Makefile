@@ -45,8 +45,9 @@ LIB_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(LIB_SRC)) $(CU_OBJ)
 TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 # CUDA-vs-CPU tests: built wherever the CUDA backend is (CI compiles them), run on a GPU
 # by tools/device/run.sh.
-# tests/cuda/test_*.cu: kernel-level tests (include the kernel headers, compare with CPU loops).
-CUDA_TEST_CU := $(wildcard tests/cuda/test_*.cu)
+# tests/cuda/test_*.cu: kernel-level tests (include the kernel headers, compare with CPU loops);
+# tests/cuda/bench_*.cu: kernel benchmarks (figures for docs/perf.md, no checks).
+CUDA_TEST_CU := $(wildcard tests/cuda/test_*.cu tests/cuda/bench_*.cu)
 CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda $(patsubst tests/cuda/%.cu,$(BUILD)/cuda-tests/%,$(CUDA_TEST_CU)))
 
 .PHONY: all test fuzz asan clean deps run

@@ -129,28 +129,14 @@ static float silu_h(float v) { return v / (1.0f + expf(-v)); }
 
 // ---------------------------------------------------------------- k_gemv, launched as gemv() does
 
+// The grid gemv_launch aims for: every GEMV case runs at several (main), so a
+// block's loop over row-block sets is tested with one set per block (0), the
+// backend's choice (two blocks per SM) and a few blocks with long, ragged loops (7).
+static int g_blocks;
+
 static void launch_gemv(gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi, int x_div,
                         int slots) {
-    const int ns = gemv_ns(j.W[0].cols / 64);
-    for (int i = 0; i < j.n; i++) {
-        const int rpb = gemv_rows_per_block(j.W[i], ns);
-        j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
-    }
-    const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
-    const size_t sm = gemv_smem_all(j.W[0].cols);
-#define GO(XM, NS) k_gemv<XM, NS><<<g, 256, sm>>>(j, x, ldx, xoff, topi, x_div)
-#define NS_SWITCH(XM)              \
-    switch (ns) {                  \
-    case 8: GO(XM, 8); break;      \
-    case 4: GO(XM, 4); break;      \
-    case 2: GO(XM, 2); break;      \
-    default: GO(XM, 1); break;     \
-    }
-    if (xm == XM_SWIGLU) { NS_SWITCH(XM_SWIGLU) }
-    else if (xm == XM_NORM) { NS_SWITCH(XM_NORM) }
-    else { NS_SWITCH(XM_PLAIN) }
-#undef NS_SWITCH
-#undef GO
+    CK(gemv_launch(0, false, j, xm, x, ldx, xoff, topi, x_div, slots, g_blocks));
     CKL();
 }
 
@@ -423,9 +409,15 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    TEST(test_gemv_shapes);
-    TEST(test_gemv_multi);
-    TEST(test_gemv_experts);
+    const int grids[3] = {2 * prop.multiProcessorCount, 0, 7};
+    for (int gi = 0; gi < 3; gi++) {
+        g_blocks = grids[gi];
+        printf("GEMV grid: %d blocks aimed for%s\n", g_blocks, g_blocks ? "" : " (one row-block set per block)");
+        TEST(test_gemv_shapes);
+        TEST(test_gemv_multi);
+        TEST(test_gemv_experts);
+        if (quick) break;
+    }
     TEST(test_gemm_q);
     return check_summary();
 }

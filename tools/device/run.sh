@@ -3,7 +3,8 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|bench|profile|hf]      (default: full)
+#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv]      (default: full)
+#   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu)
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #
 # Inputs it can use when present (carried by the device tool, git-ignored):
@@ -37,6 +38,16 @@ step() {  # name cmd...
     return $rc
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+
+if [ "$MODE" = gemv ]; then
+    make -j"$NPROC" WERROR= build/cuda-tests/test_matmul build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 ||
+        { tail -20 "$LOGS/build-gemv.log"; exit 1; }
+    step kernel-test_matmul ./build/cuda-tests/test_matmul
+    step bench-gemv ./build/cuda-tests/bench_gemv
+    cp "$LOGS"/kernel-test_matmul.log "$LOGS"/bench-gemv.log "$OUT/"
+    printf '%s\n' "${SUMMARY[@]}"
+    exit 0
+fi
 
 if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) and decode kernels (Nsight Compute)
     step synth-full ./build/lilac synth --out /tmp/full --seed 7
@@ -94,6 +105,10 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
+    # the decode GEMV with one 16-row set per block (the grid before gemv_launch looped), same call
+    LILAC_GEMV_BLOCKS=0 step bench-gemv-blocks0 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 \
+        --decode-steps 64 --rounds 1
+    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-bench_gemv.log" 2>&1 && step bench-gemv ./build/cuda-tests/bench_gemv
     # the same decode through the persistent kernel, in the same call (an A/B on one machine)
     LILAC_PERSISTENT=1 step bench-persistent ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 \
         --decode-steps 64 --rounds 1
@@ -107,11 +122,13 @@ if [ "$MODE" = hf ]; then
     step hf-full-bench python3 tools/device/hf_full.py /tmp/full --bench --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps ${STEPS:-64} --rounds ${ROUNDS:-2} --json "$OUT/hf_bench.json"
 fi
-for f in "$LOGS"/kernel-*.log "$LOGS"/test-*.log "$LOGS"/hf-*.log "$LOGS"/profile.log "$LOGS"/bench.log; do
+for f in "$LOGS"/kernel-*.log "$LOGS"/test-*.log "$LOGS"/hf-*.log "$LOGS"/profile.log "$LOGS"/bench*.log; do
     [ -f "$f" ] && cp "$f" "$OUT/"
 done
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
 grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/hf-*.log 2>/dev/null
 [ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"
+[ -f "$LOGS/bench-gemv-blocks0.log" ] && { echo "decode GEMV, one set per block:"; tail -n 3 "$LOGS/bench-gemv-blocks0.log"; }
+[ -f "$LOGS/bench-gemv.log" ] && sed -n '/^job/,$p' "$LOGS/bench-gemv.log"
 [ -f "$LOGS/bench-persistent.log" ] && { echo "persistent decode kernel:"; tail -n 3 "$LOGS/bench-persistent.log"; }

@@ -298,6 +298,7 @@ struct lilac_session {
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int n_sm;        // multiprocessors, to size GEMV grids
+    int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -608,6 +609,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
     bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess &&
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
+    s->gemv_blocks = 2 * s->n_sm; // two 256-thread blocks per SM (tests/cuda/bench_gemv.cu measures the choice)
+    if (const char *e = getenv("LILAC_GEMV_BLOCKS")) s->gemv_blocks = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);
@@ -683,46 +686,14 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 // (weight loads), and wait in pdl_wait() for the rest. Graph capture keeps it.
 template <typename... P, typename... A>
 static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = g;
-    cfg.blockDim = b;
-    cfg.dynamicSmemBytes = sm;
-    cfg.stream = s->st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = s->pdl ? 1 : 0; // decode only: prefill kernels are large enough not to need it
-    return cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
+    return launch_ex(s->st, s->pdl, k, g, b, sm, std::forward<A>(a)...); // decode only: prefill kernels are large enough not to need it
 }
 
-// One GEMV launch for a job (see gemv_job, k_gemv in cuda_packed.cuh); `slots`
-// > 0: expert mode over topi. Packed matrices go 16 rows at a time on the
-// tensor cores, NS warps per row block (each at least 4 groups of 64 columns
-// when it can); the others one row per warp.
+// One GEMV launch for a job (k_gemv, gemv_launch in cuda_packed.cuh); `slots`
+// > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    const int ns = gemv_ns(j.W[0].cols / 64);
-    for (int i = 0; i < j.n; i++) {
-        const int rpb = gemv_rows_per_block(j.W[i], ns);
-        j.start[i + 1] = j.start[i] + (int)((j.W[i].rows + rpb - 1) / rpb);
-    }
-    const dim3 g((unsigned)j.start[j.n], (unsigned)(slots > 0 ? slots : 1));
-    const size_t sm = gemv_smem_all(j.W[0].cols);
-#define GEMV_GO(XM, NS) pdl_launch(s, k_gemv<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
-#define GEMV_NS_SWITCH(XM)                 \
-    switch (ns) {                          \
-    case 8: GEMV_GO(XM, 8); break;         \
-    case 4: GEMV_GO(XM, 4); break;         \
-    case 2: GEMV_GO(XM, 2); break;         \
-    default: GEMV_GO(XM, 1); break;        \
-    }
-    if (xm == XM_SWIGLU) { GEMV_NS_SWITCH(XM_SWIGLU) }
-    else if (xm == XM_NORM) { GEMV_NS_SWITCH(XM_NORM) }
-    else { GEMV_NS_SWITCH(XM_PLAIN) }
-#undef GEMV_NS_SWITCH
-#undef GEMV_GO
-    CKL();
+    CK(gemv_launch(s->st, s->pdl, j, xm, x, ldx, xoff, topi, x_div, slots, s->gemv_blocks));
     return 0;
 }
 

@@ -86,8 +86,9 @@ struct gemv_job {
     const float *x[GEMV_MATS]; // input row (slot 0); null: the kernel's x argument
     int64_t ldx[GEMV_MATS], xoff[GEMV_MATS];
     int plain[GEMV_MATS];      // expert launches: this matrix is not routed (computed by slot 0 only)
-    int start[GEMV_MATS + 1];
+    int start[GEMV_MATS + 1]; // first block of each matrix (set by gemv_launch)
     int n;
+    int upb;                  // row-block sets per block (set by gemv_launch)
     const float *gain;
     float *xn_out;
     float eps;

@@ -74,21 +74,24 @@ static inline int gemv_ns(int64_t ng) {
 __host__ __device__ inline int gemv_rows_per_block(const dmat &W, int ns) { return W.pk ? 16 * (8 / ns) : 8; }
 
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
-// block covers 8/NS row blocks; warp w takes row block w % (8/NS) and groups
-// w / (8/NS) + NS*i, all its loads issued before the input is staged; partial
-// sums meet in shared memory. Other matrices (8-bit router and shared-expert
-// gate, bf16 checkpoints, 4-bit with other group sizes) take one row per warp
-// with row_dot. Expert mode (topi != null): blockIdx.y is a routing slot
-// (input row slot / x_div, expert topi[slot]); the output row is the slot.
-// The last block runs the job's tail (gemv_tail).
+// "set" is 8/NS row blocks of 16 rows; warp w takes row block w % (8/NS) of
+// the set and groups w / (8/NS) + NS*i, partial sums meeting in shared memory.
+// Each block stages the input once and then loops over job.upb consecutive
+// sets, the weights of set k+1 loaded (registers) while set k is computed: a
+// block keeps streaming instead of paying a launch, a staging and a DRAM
+// round trip per 16 rows. Other matrices (8-bit router and shared-expert gate,
+// bf16 checkpoints, 4-bit with other group sizes) take one row per warp with
+// row_dot (a set of 8 rows). Expert mode (topi != null): blockIdx.y is a
+// routing slot (input row slot / x_div, expert topi[slot]); the output row is
+// the slot. The last block runs the job's tail (gemv_tail).
 #define TCG_MAX 8
 template <int XM, int NS>
-__global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
+__global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                                  const int *topi, int x_div) {
     constexpr int RBB = 8 / NS;
     extern __shared__ float xs[];
     __shared__ float red[32];
-    __shared__ float part[8][17];
+    __shared__ float part[2][8][17];
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
@@ -110,11 +113,16 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t cols = W.cols, ng = cols / 64, blk = blockIdx.x - job.start[mi];
     const bool tc = W.pk != nullptr;
-    const int64_t rb = blk * RBB + warp % RBB, nrb = (W.rows + 15) / 16;
+    const int64_t nrb = (W.rows + 15) / 16;
     const int slice = warp / RBB, ngw = (int)(ng / NS);
-    uint4 pq[TCG_MAX];
-    uint32_t psr[TCG_MAX];
-    if (tc && rb < nrb) {
+    const int upb = job.upb > 1 ? job.upb : 1;
+    const int64_t set0 = blk * upb, nset = tc ? (nrb + RBB - 1) / RBB : (W.rows + 7) / 8;
+    const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
+    uint4 pa[TCG_MAX], pb[TCG_MAX];
+    uint32_t sa[TCG_MAX], sb[TCG_MAX];
+    auto load = [&](int k, uint4 (&pq)[TCG_MAX], uint32_t (&psr)[TCG_MAX]) {
+        const int64_t rb = (set0 + k) * RBB + warp % RBB;
+        if (rb >= nrb) return;
 #pragma unroll
         for (int i = 0; i < TCG_MAX; i++)
             if (i < ngw) {
@@ -122,7 +130,8 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
                 pq[i] = __ldg(W.pk + (rb * ng + G) * 32 + lane);
                 psr[i] = __ldg(W.psb + (rb * ng + G) * 16 + g + 8 * (t & 1));
             }
-    }
+    };
+    if (tc) load(0, pa, sa);
     if (!routed) pdl_wait(); // dense: the weight loads above are already in flight
 
     // Stage the input: f32 (padded, for row_dot), bf16 hi/lo pairs, f32 sums per 64 columns.
@@ -178,57 +187,104 @@ __global__ void __launch_bounds__(256) k_gemv(gemv_job job, const float *x, int6
     __syncthreads();
 
     float *y = job.y[mi] + yrow * job.ldy[mi];
-    if (!tc) { // one row per warp
-        const int64_t r = blk * 8 + warp;
-        float v = r < W.rows ? row_dot(W, r, xs, lane) : 0.0f;
-        pdl_trigger();
-        v = warp_sum(v);
-        if (lane == 0 && r < W.rows) {
-            if (job.accum[mi]) y[r] += v;
-            else y[r] = v;
+    const int accum = job.accum[mi];
+    if (!tc) { // one row per warp, 8 rows per set
+        for (int k = 0; k < nk; k++) {
+            const int64_t r = (set0 + k) * 8 + warp;
+            float v = r < W.rows ? row_dot(W, r, xs, lane) : 0.0f;
+            if (k == nk - 1) pdl_trigger();
+            v = warp_sum(v);
+            if (lane == 0 && r < W.rows) y[r] = accum ? y[r] + v : v;
         }
         gemv_tail_run(job.tail);
         return;
     }
-    float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
-    if (rb < nrb) {
+    // Set k from registers pq/psr: tensor-core products, slice sums through part[k & 1]
+    // (double-buffered, so one barrier per set).
+    auto unit = [&](int k, const uint4 (&pq)[TCG_MAX], const uint32_t (&psr)[TCG_MAX]) {
+        const int64_t rb = (set0 + k) * RBB + warp % RBB;
+        float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
+        if (rb < nrb) {
 #pragma unroll
-        for (int i = 0; i < TCG_MAX; i++)
-            if (i < ngw) {
-                const int64_t G = slice + (int64_t)NS * i;
-                const uint32_t wq[4] = {pq[i].x, pq[i].y, pq[i].z, pq[i].w};
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i = 0; i < TCG_MAX; i++)
+                if (i < ngw) {
+                    const int64_t G = slice + (int64_t)NS * i;
+                    const uint32_t wq[4] = {pq[i].x, pq[i].y, pq[i].z, pq[i].w};
+                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int ks = 0; ks < 4; ks++) {
-                    const int64_t kp = G * 32 + ks * 8 + t; // bf16 pair index of column 64G + 16ks + 2t
-                    const uint32_t *src = g == 0 ? xh2 : xl2;
-                    const uint32_t b0 = g < 2 ? src[kp] : 0u, b1 = g < 2 ? src[kp + 4] : 0u;
-                    const uint32_t a[4] = {pk_frag(wq[ks], 0), pk_frag(wq[ks], 1), pk_frag(wq[ks], 2), pk_frag(wq[ks], 3)};
-                    mma_bf16(p, a, b0, b1);
+                    for (int ks = 0; ks < 4; ks++) {
+                        const int64_t kp = G * 32 + ks * 8 + t; // bf16 pair index of column 64G + 16ks + 2t
+                        const uint32_t *src = g == 0 ? xh2 : xl2;
+                        const uint32_t b0 = g < 2 ? src[kp] : 0u, b1 = g < 2 ? src[kp + 4] : 0u;
+                        const uint32_t a[4] = {pk_frag(wq[ks], 0), pk_frag(wq[ks], 1), pk_frag(wq[ks], 2), pk_frag(wq[ks], 3)};
+                        mma_bf16(p, a, b0, b1);
+                    }
+                    // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
+                    const uint32_t own = psr[i], other = __shfl_down_sync(0xffffffffu, psr[i], 1);
+                    const float xg = xsg[G];
+                    acc0 += __uint_as_float(own << 16) * (p[0] + p[1]) + __uint_as_float(own & 0xFFFF0000u) * xg;
+                    acc1 += __uint_as_float(other << 16) * (p[2] + p[3]) + __uint_as_float(other & 0xFFFF0000u) * xg;
                 }
-                // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
-                const uint32_t own = psr[i], other = __shfl_down_sync(0xffffffffu, psr[i], 1);
-                const float xg = xsg[G];
-                acc0 += __uint_as_float(own << 16) * (p[0] + p[1]) + __uint_as_float(own & 0xFFFF0000u) * xg;
-                acc1 += __uint_as_float(other << 16) * (p[2] + p[3]) + __uint_as_float(other & 0xFFFF0000u) * xg;
-            }
-    }
-    pdl_trigger(); // the next kernel may start its weight prefetch now
-    if (t == 0) {
-        part[warp][g] = acc0;
-        part[warp][g + 8] = acc1;
-    }
-    __syncthreads();
-    if (tid < 16 * RBB) {
-        const int rl = tid / 16, r = tid % 16;
-        float v = 0.0f;
-#pragma unroll
-        for (int sl = 0; sl < NS; sl++) v += part[sl * RBB + rl][r];
-        const int64_t row = (blk * RBB + rl) * 16 + r;
-        if (row < W.rows) {
-            if (job.accum[mi]) y[row] += v;
-            else y[row] = v;
         }
+        if (k == nk - 1) pdl_trigger(); // the next kernel may start its weight prefetch now
+        float (*pt)[17] = part[k & 1];
+        if (t == 0) {
+            pt[warp][g] = acc0;
+            pt[warp][g + 8] = acc1;
+        }
+        __syncthreads();
+        if (tid < 16 * RBB) {
+            const int rl = tid / 16, r = tid % 16;
+            float v = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < NS; sl++) v += pt[sl * RBB + rl][r];
+            const int64_t row = ((set0 + k) * RBB + rl) * 16 + r;
+            if (row < W.rows) y[row] = accum ? y[row] + v : v;
+        }
+    };
+    for (int k = 0; k < nk; k += 2) {
+        if (k + 1 < nk) load(k + 1, pb, sb);
+        unit(k, pa, sa);
+        if (k + 1 >= nk) break;
+        if (k + 2 < nk) load(k + 2, pa, sa);
+        unit(k + 1, pb, sb);
     }
     gemv_tail_run(job.tail);
+}
+
+// Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
+// > 0: expert mode over topi. blocks: the grid to aim for (about the blocks the
+// GPU holds at once); each block then loops over job.upb sets. 0: one set per
+// block.
+static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, int xm, const float *x, int64_t ldx,
+                                      int64_t xoff, const int *topi, int x_div, int slots, int blocks) {
+    const int ns = gemv_ns(j.W[0].cols / 64), ys = slots > 0 ? slots : 1;
+    int64_t sets = 0;
+    for (int i = 0; i < j.n; i++) {
+        const int rpb = gemv_rows_per_block(j.W[i], ns);
+        sets += (j.W[i].rows + rpb - 1) / rpb;
+    }
+    j.upb = blocks > 0 ? (int)((sets * ys + blocks - 1) / blocks) : 1;
+    if (j.upb < 1) j.upb = 1;
+    j.start[0] = 0;
+    for (int i = 0; i < j.n; i++) {
+        const int rpb = gemv_rows_per_block(j.W[i], ns);
+        const int64_t si = (j.W[i].rows + rpb - 1) / rpb;
+        j.start[i + 1] = j.start[i] + (int)((si + j.upb - 1) / j.upb);
+    }
+    const dim3 g((unsigned)j.start[j.n], (unsigned)ys);
+    const size_t sm = gemv_smem_all(j.W[0].cols);
+#define GEMV_GO(XM, NS) return launch_ex(st, pdl, k_gemv<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
+#define GEMV_NS_SWITCH(XM)                 \
+    switch (ns) {                          \
+    case 8: GEMV_GO(XM, 8);                \
+    case 4: GEMV_GO(XM, 4);                \
+    case 2: GEMV_GO(XM, 2);                \
+    default: GEMV_GO(XM, 1);               \
+    }
+    if (xm == XM_SWIGLU) { GEMV_NS_SWITCH(XM_SWIGLU) }
+    else if (xm == XM_NORM) { GEMV_NS_SWITCH(XM_NORM) }
+    else { GEMV_NS_SWITCH(XM_PLAIN) }
+#undef GEMV_NS_SWITCH
+#undef GEMV_GO
 }
