@@ -609,8 +609,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
     bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess &&
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
-    s->gemv_blocks = 2 * s->n_sm; // two 256-thread blocks per SM (tests/cuda/bench_gemv.cu measures the choice)
-    if (const char *e = getenv("LILAC_GEMV_BLOCKS")) s->gemv_blocks = atoi(e);
+    s->gemv_blocks = s->n_sm; // one block per SM: the next kernel's blocks fit beside (tests/cuda/bench_gemv.cu)
+    if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);

@@ -89,6 +89,7 @@ struct gemv_job {
     int start[GEMV_MATS + 1]; // first block of each matrix (set by gemv_launch)
     int n;
     int upb;                  // row-block sets per block (set by gemv_launch)
+    int stages;               // weight stages in shared memory (set by gemv_launch)
     const float *gain;
     float *xn_out;
     float eps;

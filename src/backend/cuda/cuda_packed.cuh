@@ -58,14 +58,8 @@ __global__ void k_repack4(dmat W, int64_t RB, uint4 *pk, uint32_t *psb) {
     }
 }
 
-// Shared memory of k_gemv for inputs of `cols` columns: the f32 staging
-// (row_dot reads it), then bf16 hi and lo pairs, then the group sums.
-static inline size_t gemv_smem_all(int64_t cols) {
-    return gemv_smem(cols) + (size_t)cols / 2 * 4 * 2 + (size_t)cols / 64 * 4;
-}
-
 // Warp slices per row block for inputs of ng groups: each warp takes at least 4
-// groups when it can (enough loads in flight), 8 warps per block.
+// groups when it can (enough work per set), 8 warps per block.
 static inline int gemv_ns(int64_t ng) {
     int ns = 8;
     while (ns > 1 && (ng % ns || ng / ns < 4)) ns >>= 1;
@@ -73,25 +67,43 @@ static inline int gemv_ns(int64_t ng) {
 }
 __host__ __device__ inline int gemv_rows_per_block(const dmat &W, int ns) { return W.pk ? 16 * (8 / ns) : 8; }
 
+// Shared memory of k_gemv: the staged input of `cols` columns (f32 padded for
+// row_dot, bf16 hi and lo pairs, group sums), then `stages` weight stages, each
+// one set of the packed layout (8/ns row blocks: codes, then scale/bias pairs).
+static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / ns) * (size_t)(cols / 64) * 36; }
+__host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
+    return (gemv_smem(cols) + (size_t)cols / 2 * 4 * 2 + (size_t)cols / 64 * 4 + 15) / 16 * 16;
+}
+#define GEMV_SMEM_STAGES (110u << 10) // weight stages per block; another kernel's block still fits beside
+static inline int gemv_stages(int64_t cols, int ns) {
+    const size_t per = gemv_stage_u4(cols, ns) * 16;
+    const size_t n = GEMV_SMEM_STAGES / per;
+    return n < 2 ? 2 : n > 4 ? 4 : (int)n;
+}
+
+#define TCG_MAX 8
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
 // "set" is 8/NS row blocks of 16 rows; warp w takes row block w % (8/NS) of
 // the set and groups w / (8/NS) + NS*i, partial sums meeting in shared memory.
-// Each block stages the input once and then loops over job.upb consecutive
-// sets, the weights of set k+1 loaded (registers) while set k is computed: a
-// block keeps streaming instead of paying a launch, a staging and a DRAM
-// round trip per 16 rows. Other matrices (8-bit router and shared-expert gate,
-// bf16 checkpoints, 4-bit with other group sizes) take one row per warp with
-// row_dot (a set of 8 rows). Expert mode (topi != null): blockIdx.y is a
-// routing slot (input row slot / x_div, expert topi[slot]); the output row is
-// the slot. The last block runs the job's tail (gemv_tail).
-#define TCG_MAX 8
+// A block stages its input once and loops over job.upb consecutive sets; the
+// sets stream through job.stages shared-memory stages by cp.async, the first
+// ones issued before the block waits for its predecessor kernel (weights do
+// not depend on it), after which it lets the next kernel launch: that one's
+// blocks, beside this one's, start their own weight copies while this one
+// computes. A decode step thus streams weights across kernel boundaries
+// instead of paying a DRAM round trip per kernel (or per 16 rows).
+// Other matrices (8-bit router and shared-expert gate, bf16 checkpoints, 4-bit
+// with other group sizes) take one row per warp with row_dot (a set of 8 rows).
+// Expert mode (topi != null): blockIdx.y is a routing slot (input row slot /
+// x_div, expert topi[slot]); the output row is the slot. The last block runs
+// the job's tail (gemv_tail).
 template <int XM, int NS>
 __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
-                                                 const int *topi, int x_div) {
+                                                    const int *topi, int x_div) {
     constexpr int RBB = 8 / NS;
-    extern __shared__ float xs[];
+    extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
-    __shared__ float part[2][8][17];
+    __shared__ float part[8][17];
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
@@ -99,6 +111,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     int64_t yrow = 0;
     const bool routed = topi && !job.plain[mi];
     if (topi && !routed && blockIdx.y > 0) {
+        pdl_trigger();
         pdl_wait();
         gemv_tail_run(job.tail);
         return;
@@ -115,24 +128,32 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     const bool tc = W.pk != nullptr;
     const int64_t nrb = (W.rows + 15) / 16;
     const int slice = warp / RBB, ngw = (int)(ng / NS);
-    const int upb = job.upb > 1 ? job.upb : 1;
+    const int upb = job.upb > 1 ? job.upb : 1, S = job.stages;
     const int64_t set0 = blk * upb, nset = tc ? (nrb + RBB - 1) / RBB : (W.rows + 7) / 8;
     const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
-    uint4 pa[TCG_MAX], pb[TCG_MAX];
-    uint32_t sa[TCG_MAX], sb[TCG_MAX];
-    auto load = [&](int k, uint4 (&pq)[TCG_MAX], uint32_t (&psr)[TCG_MAX]) {
-        const int64_t rb = (set0 + k) * RBB + warp % RBB;
-        if (rb >= nrb) return;
-#pragma unroll
-        for (int i = 0; i < TCG_MAX; i++)
-            if (i < ngw) {
-                const int64_t G = slice + (int64_t)NS * i;
-                pq[i] = __ldg(W.pk + (rb * ng + G) * 32 + lane);
-                psr[i] = __ldg(W.psb + (rb * ng + G) * 16 + g + 8 * (t & 1));
+    const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
+    uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float));
+    // Copies set k into stage k % S (one commit group per call, empty past the block's sets).
+    auto issue = [&](int k) {
+        if (tc && k < nk) {
+            const int64_t rb0 = (set0 + k) * RBB, nb = nrb - rb0 < RBB ? nrb - rb0 : RBB;
+            const int64_t nc = nb * ng * 32, n = nc + nb * ng * 4;
+            const uint4 *pk = W.pk + rb0 * ng * 32, *ps = (const uint4 *)(W.psb + rb0 * ng * 16);
+            uint4 *d = stg + (int64_t)(k % S) * su4;
+            for (int64_t i = tid; i < n; i += 256) {
+                if (i < nc) cp_async16(d + i, pk + i, true);
+                else cp_async16(d + (int64_t)RBB * ng * 32 + (i - nc), ps + (i - nc), true);
             }
+        }
+        cp_async_commit();
     };
-    if (tc) load(0, pa, sa);
-    if (!routed) pdl_wait(); // dense: the weight loads above are already in flight
+    for (int k = 0; k < S - 1; k++) issue(k);
+    if (!routed) {
+        pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
+        pdl_wait();
+    } else {
+        pdl_trigger();
+    }
 
     // Stage the input: f32 (padded, for row_dot), bf16 hi/lo pairs, f32 sums per 64 columns.
     uint32_t *xh2 = (uint32_t *)(xs + gemv_smem(cols) / sizeof(float)), *xl2 = xh2 + cols / 2;
@@ -192,24 +213,32 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         for (int k = 0; k < nk; k++) {
             const int64_t r = (set0 + k) * 8 + warp;
             float v = r < W.rows ? row_dot(W, r, xs, lane) : 0.0f;
-            if (k == nk - 1) pdl_trigger();
             v = warp_sum(v);
             if (lane == 0 && r < W.rows) y[r] = accum ? y[r] + v : v;
         }
         gemv_tail_run(job.tail);
         return;
     }
-    // Set k from registers pq/psr: tensor-core products, slice sums through part[k & 1]
-    // (double-buffered, so one barrier per set).
-    auto unit = [&](int k, const uint4 (&pq)[TCG_MAX], const uint32_t (&psr)[TCG_MAX]) {
-        const int64_t rb = (set0 + k) * RBB + warp % RBB;
+    for (int k = 0; k < nk; k++) {
+        issue(k + S - 1); // into the stage set k-1 used: every thread is past it (the barrier below)
+        switch (S) {      // set k has landed: at most S-1 later groups still pending
+        case 2: cp_async_wait<1>(); break;
+        case 3: cp_async_wait<2>(); break;
+        default: cp_async_wait<3>(); break;
+        }
+        __syncthreads();
+        const uint4 *sw = stg + (int64_t)(k % S) * su4;
+        const uint32_t *ssb = (const uint32_t *)(sw + (int64_t)RBB * ng * 32);
+        const int rbl = warp % RBB;
+        const int64_t rb = (set0 + k) * RBB + rbl;
         float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
         if (rb < nrb) {
 #pragma unroll
             for (int i = 0; i < TCG_MAX; i++)
                 if (i < ngw) {
                     const int64_t G = slice + (int64_t)NS * i;
-                    const uint32_t wq[4] = {pq[i].x, pq[i].y, pq[i].z, pq[i].w};
+                    const uint4 pq = sw[(rbl * ng + G) * 32 + lane];
+                    const uint32_t wq[4] = {pq.x, pq.y, pq.z, pq.w};
                     float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                     for (int ks = 0; ks < 4; ks++) {
@@ -220,51 +249,56 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
                         mma_bf16(p, a, b0, b1);
                     }
                     // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
-                    const uint32_t own = psr[i], other = __shfl_down_sync(0xffffffffu, psr[i], 1);
+                    const uint32_t own = ssb[(rbl * ng + G) * 16 + g + 8 * (t & 1)];
+                    const uint32_t other = __shfl_down_sync(0xffffffffu, own, 1);
                     const float xg = xsg[G];
                     acc0 += __uint_as_float(own << 16) * (p[0] + p[1]) + __uint_as_float(own & 0xFFFF0000u) * xg;
                     acc1 += __uint_as_float(other << 16) * (p[2] + p[3]) + __uint_as_float(other & 0xFFFF0000u) * xg;
                 }
         }
-        if (k == nk - 1) pdl_trigger(); // the next kernel may start its weight prefetch now
-        float (*pt)[17] = part[k & 1];
         if (t == 0) {
-            pt[warp][g] = acc0;
-            pt[warp][g + 8] = acc1;
+            part[warp][g] = acc0;
+            part[warp][g + 8] = acc1;
         }
         __syncthreads();
         if (tid < 16 * RBB) {
             const int rl = tid / 16, r = tid % 16;
             float v = 0.0f;
 #pragma unroll
-            for (int sl = 0; sl < NS; sl++) v += pt[sl * RBB + rl][r];
+            for (int sl = 0; sl < NS; sl++) v += part[sl * RBB + rl][r];
             const int64_t row = ((set0 + k) * RBB + rl) * 16 + r;
             if (row < W.rows) y[row] = accum ? y[row] + v : v;
         }
-    };
-    for (int k = 0; k < nk; k += 2) {
-        if (k + 1 < nk) load(k + 1, pb, sb);
-        unit(k, pa, sa);
-        if (k + 1 >= nk) break;
-        if (k + 2 < nk) load(k + 2, pa, sa);
-        unit(k + 1, pb, sb);
+        // part is rewritten after the next set's first barrier, which every reader above passes first
     }
+    cp_async_wait<0>();
     gemv_tail_run(job.tail);
 }
 
 // Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
-// > 0: expert mode over topi. blocks: the grid to aim for (about the blocks the
-// GPU holds at once); each block then loops over job.upb sets. 0: one set per
-// block.
+// > 0: expert mode over topi. blocks: the grid to aim for (about one block per
+// SM, so that the next kernel's blocks fit beside); each block then loops over
+// job.upb sets. 0: one set per block.
+template <int XM, int NS>
+static cudaError_t gemv_go(cudaStream_t st, bool pdl, dim3 g, size_t sm, gemv_job &j, const float *x, int64_t ldx,
+                           int64_t xoff, const int *topi, int x_div) {
+    static size_t sm_set = 0; // the dynamic shared memory this instance is allowed (set once per size)
+    if (sm > 48u * 1024 && sm > sm_set) {
+        const cudaError_t e = cudaFuncSetAttribute(k_gemv<XM, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        if (e != cudaSuccess) return e;
+        sm_set = sm;
+    }
+    return launch_ex(st, pdl, k_gemv<XM, NS>, g, dim3(256), sm, j, x, ldx, xoff, topi, x_div);
+}
 static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, int xm, const float *x, int64_t ldx,
                                       int64_t xoff, const int *topi, int x_div, int slots, int blocks) {
     const int ns = gemv_ns(j.W[0].cols / 64), ys = slots > 0 ? slots : 1;
     int64_t sets = 0;
     for (int i = 0; i < j.n; i++) {
         const int rpb = gemv_rows_per_block(j.W[i], ns);
-        sets += (j.W[i].rows + rpb - 1) / rpb;
+        sets += (j.W[i].rows + rpb - 1) / rpb * (topi && !j.plain[i] ? ys : 1);
     }
-    j.upb = blocks > 0 ? (int)((sets * ys + blocks - 1) / blocks) : 1;
+    j.upb = blocks > 0 ? (int)((sets + blocks - 1) / blocks) : 1;
     if (j.upb < 1) j.upb = 1;
     j.start[0] = 0;
     for (int i = 0; i < j.n; i++) {
@@ -272,9 +306,11 @@ static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, in
         const int64_t si = (j.W[i].rows + rpb - 1) / rpb;
         j.start[i + 1] = j.start[i] + (int)((si + j.upb - 1) / j.upb);
     }
+    const int64_t cols = j.W[0].cols;
+    j.stages = gemv_stages(cols, ns);
     const dim3 g((unsigned)j.start[j.n], (unsigned)ys);
-    const size_t sm = gemv_smem_all(j.W[0].cols);
-#define GEMV_GO(XM, NS) return launch_ex(st, pdl, k_gemv<XM, NS>, g, 256, sm, j, x, ldx, xoff, topi, x_div)
+    const size_t sm = gemv_xsmem(cols) + (size_t)j.stages * gemv_stage_u4(cols, ns) * 16;
+#define GEMV_GO(XM, NS) return gemv_go<XM, NS>(st, pdl, g, sm, j, x, ldx, xoff, topi, x_div)
 #define GEMV_NS_SWITCH(XM)                 \
     switch (ns) {                          \
     case 8: GEMV_GO(XM, 8);                \
