@@ -339,6 +339,21 @@ int main(int argc, char **argv) {
         }
         printf("\n");
     }
+    // the fused MoE down + combine (k_moe_down) that replaces the last two rows above in decode
+    {
+        const bjob *dj = nullptr;
+        for (auto &j : jobs)
+            if (j.tail == TAIL_COMBINE) dj = &j;
+        const dmat Wd = dj->copies[0][0].W, Ws = dj->copies[0][1].W;
+        const size_t sm = moe_down_smem(I, (int)K);
+        const double us = time_graph([&](int l) {
+            return launch_ex(st, true, k_moe_down<1>, dim3((unsigned)((H + 15) / 16)), dim3(256), sm, Wd, Ws, (const float *)x,
+                             (const float *)x, I, (const int *)(topi + (l % NL) * K), (const float *)tk_w, (const float *)gain,
+                             (int)K, xres);
+        });
+        printf("%-36s %8.2f %16s   %6.2f (%5.2f)\n", "k_moe_down: down 8 + shared + combine", (double)dj->bytes / 1e6, "", us,
+               dj->bytes / us / 1e6);
+    }
     CK(cudaStreamSynchronize(st));
     for (void *p : allocs) CK(cudaFree(p));
     printf("done\n");

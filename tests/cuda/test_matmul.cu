@@ -12,6 +12,7 @@
 //     with gain (and the normalised row written out) / SwiGLU, several matrices in
 //     one launch, accumulation into y, expert mode over routed slots (one shared
 //     input row, or one row per slot), launched as gemv() in cuda_backend.cu does.
+//   - k_moe_down (decode): routed + shared down projections and the MoE combine.
 //   - k_split_x + k_gemm_q<4|8> (prefill): 1 .. 200 tokens, tile edges (64, 65),
 //     several matrices per launch, a SwiGLU input split.
 // Bar: max|gpu - ref| / max|ref| <= 1e-4 (the products are f32-faithful: codes
@@ -332,6 +333,63 @@ static void test_gemv_experts(void) {
 
 // ---------------------------------------------------------------- k_gemm_q (prefill)
 
+// k_moe_down: the routed down projections of K slots, the shared expert's and
+// the combine into the residual row, against x0 + sigmoid(sg) Ws·swiglu(shgu) +
+// Σ_k topw[k] Wd[topi[k]]·swiglu(gu_k) in double. Widths of 1, 8 and 16 groups
+// (the kernel's two instances), K = 8 and fewer, rows not a multiple of 16.
+static void moe_down_case(int64_t H, int64_t I, int K, int E) {
+    qmat *dn = make_qmat(H, I, 4, 64, E), *sh = make_qmat(H, I, 4, 64);
+    std::vector<int> topi((size_t)K);
+    for (int k = 0; k < K; k++) topi[(size_t)k] = (k * 7 + 3) % E; // distinct for E >= 8 (7 is prime to E here)
+    std::vector<float> gu = rand_vec((size_t)(K * 2 * I), 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f),
+                       x0 = rand_vec((size_t)H, 1.0f), topw((size_t)K), sg = {0.7f};
+    for (auto &w : topw) w = 0.05f + 0.2f * rnd_unit();
+    dbuf<float> dgu(gu.size()), dsh(shgu.size()), dx((size_t)H), dw((size_t)K), dsg(1);
+    dbuf<int> dt((size_t)K);
+    dgu.put(gu);
+    dsh.put(shgu);
+    dx.put(x0);
+    dw.put(topw);
+    dsg.put(sg);
+    dt.put(topi);
+    const int mg = moe_down_mg(dn->W, sh->W, K);
+    CHECKF(mg > 0, "k_moe_down refused %lld x %lld", (long long)H, (long long)I);
+    if (mg == 0) return;
+    const unsigned nb = (unsigned)((H + 15) / 16);
+    const size_t sm = moe_down_smem(I, K);
+    if (mg == 1) k_moe_down<1><<<nb, 256, sm>>>(dn->W, sh->W, dgu.p, dsh.p, I, dt.p, dw.p, dsg.p, K, dx.p);
+    else k_moe_down<2><<<nb, 256, sm>>>(dn->W, sh->W, dgu.p, dsh.p, I, dt.p, dw.p, dsg.p, K, dx.p);
+    CKL();
+    std::vector<double> ref((size_t)H);
+    const double gs = 1.0 / (1.0 + exp(-(double)sg[0]));
+    for (int64_t r = 0; r < H; r++) {
+        double a = 0.0;
+        for (int64_t c = 0; c < I; c++) a += (double)sh->w(0, r, c) * ((double)silu_h(shgu[(size_t)c]) * shgu[(size_t)(I + c)]);
+        a *= gs;
+        for (int k = 0; k < K; k++) {
+            double e = 0.0;
+            for (int64_t c = 0; c < I; c++)
+                e += (double)dn->w(topi[(size_t)k], r, c) *
+                     ((double)silu_h(gu[(size_t)(k * 2 * I + c)]) * gu[(size_t)(k * 2 * I + I + c)]);
+            a += topw[(size_t)k] * e;
+        }
+        ref[(size_t)r] = x0[(size_t)r] + a;
+    }
+    const double e = rel_err(dx.get(), ref);
+    printf("  moe_down %5lld x %-5lld K=%d of %d experts (+ shared, combined into x) rel err %.2e\n", (long long)H,
+           (long long)I, K, E, e);
+    CHECKF(e <= BAR, "k_moe_down %lld x %lld K=%d: rel err %.3e", (long long)H, (long long)I, K, e);
+    delete dn;
+    delete sh;
+}
+
+static void test_moe_down(void) {
+    moe_down_case(2048, 512, 8, 16); // the model's shape
+    moe_down_case(2048, 512, 3, 16);
+    moe_down_case(100, 1024, 8, 9);  // 16 groups; rows not a multiple of 16
+    moe_down_case(40, 64, 1, 2);     // one group: warp 0 alone
+}
+
 static void gemm_case(int64_t T, int n, qmat **ms, int xm) {
     const int64_t C = ms[0]->cols, xw = xm == 1 ? 2 * C : C;
     std::vector<float> x = rand_vec((size_t)(T * xw), 2.0f);
@@ -418,6 +476,7 @@ int main(int argc, char **argv) {
         TEST(test_gemv_experts);
         if (quick) break;
     }
+    TEST(test_moe_down);
     TEST(test_gemm_q);
     return check_summary();
 }

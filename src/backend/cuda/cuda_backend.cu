@@ -906,6 +906,38 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
 }
 
+// One token's routed down projections through the expert GEMV, with the
+// shared expert's beside them and the combine in the last block when their
+// widths match (`done`: both happened); k_moe_down replaces this when it can.
+static int moe_down_gemv(lilac_session *s, const dlayer &d, int l, int T, bool &done, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
+    const int K = c->top_k, slots = T * K;
+    const dmat Wd[2] = {d.exp_down, d.sh_down};
+    float *const Yd[2] = {s->ye, s->shy};
+    const int64_t LDd[2] = {H, H};
+    gemv_job jd = job_of(2, Wd, Yd, LDd);
+    jd.x[1] = s->shgu;
+    jd.ldx[1] = 2 * SI;
+    jd.xoff[1] = SI;
+    jd.plain[1] = 1;
+    if (d.sh_down.cols != I || T > 1) jd.n = 1; // one token only; same widths to share the staging
+    if (jd.n == 2) { // the MoE combine in the down GEMV's last block
+        jd.tail.kind = TAIL_COMBINE;
+        jd.tail.done = s->tail_done + 2 * l + 1;
+        jd.tail.x = s->x;
+        jd.tail.ye = s->ye;
+        jd.tail.shy = s->shy;
+        jd.tail.sg = s->sg;
+        jd.tail.topw = s->topw;
+        jd.tail.K = K;
+        jd.tail.H = H;
+    }
+    if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
+    done = jd.n == 2;
+    return 0;
+}
+
 // next_gain (several tokens): the following layer's input-norm gain, fused into
 // the combine; null after the last layer and for one token (whose next GEMV
 // normalises the residual stream itself).
@@ -956,30 +988,21 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         const int64_t LDg[2] = {2 * I, 2 * I};
         gemv_job j = job_of(2, Wg, Yg, LDg);
         if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
-        // Routed down projections and the shared expert's, one launch (SwiGLU on load).
-        const dmat Wd[2] = {d.exp_down, d.sh_down};
-        float *const Yd[2] = {s->ye, s->shy};
-        const int64_t LDd[2] = {H, H};
-        gemv_job jd = job_of(2, Wd, Yd, LDd);
-        jd.x[1] = s->shgu;
-        jd.ldx[1] = 2 * SI;
-        jd.xoff[1] = SI;
-        jd.plain[1] = 1;
-        if (d.sh_down.cols != I || T > 1) jd.n = 1; /* one token only; same widths to share the staging */
-        if (jd.n == 2) { // the MoE combine in the down GEMV's last block
-            jd.tail.kind = TAIL_COMBINE;
-            jd.tail.done = s->tail_done + 2 * l + 1;
-            jd.tail.x = s->x;
-            jd.tail.ye = s->ye;
-            jd.tail.shy = s->shy;
-            jd.tail.sg = s->sg;
-            jd.tail.topw = s->topw;
-            jd.tail.K = K;
-            jd.tail.H = H;
-            combined = true;
+        const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
+        if (mg) {
+            // Routed and shared down projections and the combine into x, one kernel (k_moe_down).
+            const unsigned nb = (unsigned)((H + 15) / 16);
+            const size_t sm = moe_down_smem(I, K);
+            if (mg == 1) pdl_launch(s, k_moe_down<1>, nb, 256, sm, d.exp_down, d.sh_down, (const float *)s->gu,
+                                    (const float *)s->shgu, I, (const int *)s->topi, (const float *)s->topw, (const float *)s->sg, K, s->x);
+            else pdl_launch(s, k_moe_down<2>, nb, 256, sm, d.exp_down, d.sh_down, (const float *)s->gu,
+                            (const float *)s->shgu, I, (const int *)s->topi, (const float *)s->topw, (const float *)s->sg, K, s->x);
+            CKL();
+            shared_done = combined = true;
+        } else if (moe_down_gemv(s, d, l, T, shared_done, err) < 0) {
+            return -1;
         }
-        if (gemv(s, jd, XM_SWIGLU, s->gu, 2 * I, I, s->topi, 1, slots, err) < 0) return -1;
-        shared_done = jd.n == 2;
+        combined = shared_done;
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
         pdl_launch(s, k_moe_scan, 1, 32, 0, s->counts, E, s->offs, s->cursor, s->tiles, s->n_tiles);

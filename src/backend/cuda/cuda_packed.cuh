@@ -82,6 +82,69 @@ static inline int gemv_stages(int64_t cols, int ns) {
 }
 
 #define TCG_MAX 8
+
+// The staged input of the packed products: per 64-column group G, 16 uint4
+// xb[(G*2 + h)*8 + hl*4 + t] = the B fragments of lane (g, t) for k-steps 2h
+// and 2h+1 (column 0 of B = bf16 hi parts, column 1 = lo parts; hl = g & 1):
+//   {pair(c), pair(c+8), pair(c+16), pair(c+24)}, c = 64G + 32h + 2t,
+// pair(c) = the bf16x2 of columns c, c+1. Two 16-byte loads per group and lane
+// and no select; lanes g >= 2 read the same data into B columns 2..7, whose
+// products nobody reads. xsg[G]: the group's input sum (f32).
+__device__ __forceinline__ int pk_xb_word(int64_t c, int hl) { // u32 index of pair(c), c even
+    const int64_t G = c >> 6, cc = c & 63, ks = cc >> 4, pp = (cc & 15) >> 1;
+    return (int)((((G * 2 + (ks >> 1)) * 8 + hl * 4 + (pp & 3)) << 2) + ((ks & 1) << 1) + (pp >> 2));
+}
+
+// One packed group (16 rows x 64 columns; this lane's fragment word pq and
+// scale/bias word psr, see the layout above) times the staged input xb (group
+// sum xg). Adds rows g and g+8 of s*Σqx + b*Σx to acc0/acc1 in lanes t == 0.
+// The codes go in as bf16 128+q (one mask-and-or per register, no subtract);
+// the 128·Σx this adds is taken off through the bias: s*P + (b - 128 s)*Σx.
+// Warp-uniform (it shuffles).
+__device__ __forceinline__ void pk_group(uint4 pq, uint32_t psr, const uint4 *xb, float xg, int64_t G, int g, int t,
+                                         float &acc0, float &acc1) {
+    const uint4 B0 = xb[(G * 2) * 8 + (g & 1) * 4 + t], B1 = xb[(G * 2 + 1) * 8 + (g & 1) * 4 + t];
+    const uint32_t wq[4] = {pq.x, pq.y, pq.z, pq.w}, bb[8] = {B0.x, B0.y, B0.z, B0.w, B1.x, B1.y, B1.z, B1.w};
+    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++) {
+        const uint32_t w = wq[ks];
+        const uint32_t a[4] = {(w & 0x000F000Fu) | 0x43004300u, ((w >> 4) & 0x000F000Fu) | 0x43004300u,
+                               ((w >> 8) & 0x000F000Fu) | 0x43004300u, ((w >> 12) & 0x000F000Fu) | 0x43004300u};
+        mma_bf16(p, a, bb[2 * ks], bb[2 * ks + 1]);
+    }
+    // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
+    const uint32_t other = __shfl_down_sync(0xffffffffu, psr, 1);
+    const float s0 = __uint_as_float(psr << 16), s1 = __uint_as_float(other << 16);
+    acc0 += s0 * (p[0] + p[1]) + (__uint_as_float(psr & 0xFFFF0000u) - 128.0f * s0) * xg;
+    acc1 += s1 * (p[2] + p[3]) + (__uint_as_float(other & 0xFFFF0000u) - 128.0f * s1) * xg;
+}
+
+// Columns 4q..4q+3 of an input row (values v4) staged for pk_group: the bf16
+// hi/lo pairs into xb, the group sums into xsg. Called by whole warps over
+// consecutive q (the 16 quads of a group are 16 consecutive lanes); `in`
+// false: this lane has no quad (it still takes part in the shuffles).
+__device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *xb, float *xsg) {
+    const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+    float gs = in ? (v[0] + v[1]) + (v[2] + v[3]) : 0.0f;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+    if (!in) return;
+    __nv_bfloat16 h[4], l[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        h[e] = __float2bfloat16(v[e]);
+        l[e] = __float2bfloat16(v[e] - __bfloat162float(h[e]));
+    }
+    uint32_t *w = (uint32_t *)xb;
+    const uint32_t *h2 = (const uint32_t *)h, *l2 = (const uint32_t *)l;
+    w[pk_xb_word(4 * q, 0)] = h2[0];
+    w[pk_xb_word(4 * q + 2, 0)] = h2[1];
+    w[pk_xb_word(4 * q, 1)] = l2[0];
+    w[pk_xb_word(4 * q + 2, 1)] = l2[1];
+    if ((q & 15) == 0) xsg[q / 16] = gs;
+}
+
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
 // "set" is 8/NS row blocks of 16 rows; warp w takes row block w % (8/NS) of
 // the set and groups w / (8/NS) + NS*i, partial sums meeting in shared memory.
@@ -103,7 +166,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     constexpr int RBB = 8 / NS;
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
-    __shared__ float part[8][17];
+    __shared__ float part[2][8][17];
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
@@ -133,17 +196,23 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
     const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
     uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float));
-    // Copies set k into stage k % S (one commit group per call, empty past the block's sets).
+    // Copies set k into stage k % S, each lane its own words (the code word it
+    // multiplies, and for lanes t < 2 the scale/bias word it folds): no barrier
+    // between a set's copies and its use. One commit group per call, empty past
+    // the block's sets.
+    const int rbl = warp % RBB;
     auto issue = [&](int k) {
-        if (tc && k < nk) {
-            const int64_t rb0 = (set0 + k) * RBB, nb = nrb - rb0 < RBB ? nrb - rb0 : RBB;
-            const int64_t nc = nb * ng * 32, n = nc + nb * ng * 4;
-            const uint4 *pk = W.pk + rb0 * ng * 32, *ps = (const uint4 *)(W.psb + rb0 * ng * 16);
+        const int64_t rb = (set0 + k) * RBB + rbl;
+        if (tc && k < nk && rb < nrb) {
             uint4 *d = stg + (int64_t)(k % S) * su4;
-            for (int64_t i = tid; i < n; i += 256) {
-                if (i < nc) cp_async16(d + i, pk + i, true);
-                else cp_async16(d + (int64_t)RBB * ng * 32 + (i - nc), ps + (i - nc), true);
-            }
+            uint32_t *ds = (uint32_t *)(d + (int64_t)RBB * ng * 32);
+#pragma unroll
+            for (int i = 0; i < TCG_MAX; i++)
+                if (i < ngw) {
+                    const int64_t G = slice + (int64_t)NS * i;
+                    cp_async16(d + (rbl * ng + G) * 32 + lane, W.pk + (rb * ng + G) * 32 + lane, true);
+                    if (t < 2) cp_async4(ds + (rbl * ng + G) * 16 + g + 8 * t, W.psb + (rb * ng + G) * 16 + g + 8 * t, true);
+                }
         }
         cp_async_commit();
     };
@@ -155,9 +224,9 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         pdl_trigger();
     }
 
-    // Stage the input: f32 (padded, for row_dot), bf16 hi/lo pairs, f32 sums per 64 columns.
-    uint32_t *xh2 = (uint32_t *)(xs + gemv_smem(cols) / sizeof(float)), *xl2 = xh2 + cols / 2;
-    float *xsg = (float *)(xl2 + cols / 2);
+    // Stage the input: f32 (padded, for row_dot), the packed products' B fragments and group sums.
+    uint4 *xb = (uint4 *)(xs + gemv_smem(cols) / sizeof(float));
+    float *xsg = (float *)(xb + cols / 4);
     float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
     const int64_t n4 = cols / 4;
 #pragma unroll
@@ -188,22 +257,9 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
             v[0] *= inv * g4.x; v[1] *= inv * g4.y; v[2] *= inv * g4.z; v[3] *= inv * g4.w;
             if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) *(float4 *)(job.xn_out + 4 * q) = make_float4(v[0], v[1], v[2], v[3]);
         }
-        if (!in) v[0] = v[1] = v[2] = v[3] = 0.0f;
-        // every thread takes part in the 16-lane group sum (64 columns)
-        float gs = (v[0] + v[1]) + (v[2] + v[3]);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
-        if (!in) continue;
-        *(float4 *)(xs + xs_idx(4 * q)) = make_float4(v[0], v[1], v[2], v[3]);
-        __nv_bfloat16 h[4], l[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            h[e] = __float2bfloat16(v[e]);
-            l[e] = __float2bfloat16(v[e] - __bfloat162float(h[e]));
-        }
-        *(uint2 *)(xh2 + 2 * q) = *(const uint2 *)h;
-        *(uint2 *)(xl2 + 2 * q) = *(const uint2 *)l;
-        if ((tid & 15) == 0) xsg[q / 16] = gs;
+        const float4 v4 = make_float4(v[0], v[1], v[2], v[3]);
+        if (in) *(float4 *)(xs + xs_idx(4 * q)) = v4;
+        if (tc) pk_stage4(v4, q, in, xb, xsg); // block-uniform: whole warps
     }
     __syncthreads();
 
@@ -220,16 +276,14 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         return;
     }
     for (int k = 0; k < nk; k++) {
-        issue(k + S - 1); // into the stage set k-1 used: every thread is past it (the barrier below)
-        switch (S) {      // set k has landed: at most S-1 later groups still pending
+        issue(k + S - 1); // into the stage this lane read for set k-1
+        switch (S) {      // this lane's words of set k have landed: at most S-1 later groups pending
         case 2: cp_async_wait<1>(); break;
         case 3: cp_async_wait<2>(); break;
         default: cp_async_wait<3>(); break;
         }
-        __syncthreads();
         const uint4 *sw = stg + (int64_t)(k % S) * su4;
         const uint32_t *ssb = (const uint32_t *)(sw + (int64_t)RBB * ng * 32);
-        const int rbl = warp % RBB;
         const int64_t rb = (set0 + k) * RBB + rbl;
         float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
         if (rb < nrb) {
@@ -237,43 +291,126 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
             for (int i = 0; i < TCG_MAX; i++)
                 if (i < ngw) {
                     const int64_t G = slice + (int64_t)NS * i;
-                    const uint4 pq = sw[(rbl * ng + G) * 32 + lane];
-                    const uint32_t wq[4] = {pq.x, pq.y, pq.z, pq.w};
-                    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                    for (int ks = 0; ks < 4; ks++) {
-                        const int64_t kp = G * 32 + ks * 8 + t; // bf16 pair index of column 64G + 16ks + 2t
-                        const uint32_t *src = g == 0 ? xh2 : xl2;
-                        const uint32_t b0 = g < 2 ? src[kp] : 0u, b1 = g < 2 ? src[kp + 4] : 0u;
-                        const uint32_t a[4] = {pk_frag(wq[ks], 0), pk_frag(wq[ks], 1), pk_frag(wq[ks], 2), pk_frag(wq[ks], 3)};
-                        mma_bf16(p, a, b0, b1);
-                    }
-                    // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
-                    const uint32_t own = ssb[(rbl * ng + G) * 16 + g + 8 * (t & 1)];
-                    const uint32_t other = __shfl_down_sync(0xffffffffu, own, 1);
-                    const float xg = xsg[G];
-                    acc0 += __uint_as_float(own << 16) * (p[0] + p[1]) + __uint_as_float(own & 0xFFFF0000u) * xg;
-                    acc1 += __uint_as_float(other << 16) * (p[2] + p[3]) + __uint_as_float(other & 0xFFFF0000u) * xg;
+                    const uint32_t psr = t < 2 ? ssb[(rbl * ng + G) * 16 + g + 8 * t] : 0u; // lanes t < 2: their own copies
+                    pk_group(sw[(rbl * ng + G) * 32 + lane], psr, xb, xsg[G], G, g, t, acc0, acc1);
                 }
         }
+        float (*pt)[17] = part[k & 1]; // double-buffered: one barrier per set
         if (t == 0) {
-            part[warp][g] = acc0;
-            part[warp][g + 8] = acc1;
+            pt[warp][g] = acc0;
+            pt[warp][g + 8] = acc1;
         }
         __syncthreads();
         if (tid < 16 * RBB) {
             const int rl = tid / 16, r = tid % 16;
             float v = 0.0f;
 #pragma unroll
-            for (int sl = 0; sl < NS; sl++) v += part[sl * RBB + rl][r];
+            for (int sl = 0; sl < NS; sl++) v += pt[sl * RBB + rl][r];
             const int64_t row = ((set0 + k) * RBB + rl) * 16 + r;
             if (row < W.rows) y[row] = accum ? y[row] + v : v;
         }
-        // part is rewritten after the next set's first barrier, which every reader above passes first
+        // pt is rewritten two sets on, after the next barrier, which every reader above passes first
     }
     cp_async_wait<0>();
     gemv_tail_run(job.tail);
 }
+
+// The MoE output of one token, added to the residual stream in one kernel:
+//   x[h] += sigmoid(sg) * (Ws · swiglu(shgu))[h] + Σ_k topw[k] * (Wd[topi[k]] · swiglu(gu_k))[h]
+// Wd (stacked experts) and Ws (the shared expert) packed, both of I columns
+// (MG*8 groups at most). One block per 16 rows h: it stages the K+1 SwiGLU
+// inputs once, loads every source's 16 x I block at once (warp w takes groups
+// w, w+8, ...; the shared expert's before the predecessor wait, the routed ones
+// as soon as topi is known), and sums each row in the combine's order. No
+// arrival counter, no per-expert output buffer, and each row has one writer.
+#define MOE_KMAX 8
+template <int MG>
+__global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float *gu, const float *shgu, int64_t I,
+                                                     const int *topi, const float *topw, const float *sg, int K, float *x) {
+    extern __shared__ __align__(16) uint4 msm[]; // per source: B fragments (I/4 uint4), group sums (I/64 f32, padded)
+    __shared__ float part[8][MOE_KMAX + 1][17];
+    __shared__ int ti[MOE_KMAX];
+    __shared__ float tw[MOE_KMAX + 1];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t ng = I / 64, rb = blockIdx.x, srcw = I / 4 + (I / 64 + 3) / 4; // uint4 per staged source
+    uint4 pq[MOE_KMAX + 1][MG];
+    uint32_t ps[MOE_KMAX + 1][MG];
+    auto load = [&](int s, const dmat &W) {
+#pragma unroll
+        for (int i = 0; i < MG; i++) {
+            const int64_t G = warp + 8 * i;
+            if (G < ng) {
+                pq[s][i] = __ldg(W.pk + (rb * ng + G) * 32 + lane);
+                ps[s][i] = __ldg(W.psb + (rb * ng + G) * 16 + g + 8 * (t & 1));
+            }
+        }
+    };
+    load(MOE_KMAX, Ws); // the shared expert: source K, kept in the last slot
+    pdl_trigger();
+    pdl_wait();
+    if (tid < K) ti[tid] = topi[tid];
+    if (tid <= K) tw[tid] = tid < K ? topw[tid] : 1.0f / (1.0f + expf(-*sg));
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < MOE_KMAX; k++)
+        if (k < K) load(k, dmat_expert(Wd, ti[k]));
+    // stage the K+1 inputs (source K: the shared expert's), whole warps per round
+    const int64_t nq = I / 4, total = (int64_t)(K + 1) * nq;
+    for (int64_t i0 = 0; i0 < total; i0 += 256) {
+        const int64_t i = i0 + tid;
+        const bool in = i < total;
+        const int s = in ? (int)(i / nq) : 0;
+        const int64_t q = in ? i % nq : 0;
+        const float *row = s < K ? gu + (int64_t)s * 2 * I : shgu;
+        float4 v = make_float4(0, 0, 0, 0);
+        if (in) { // SwiGLU as k_gemv stages it (precise expf)
+            const float4 a = *(const float4 *)(row + 4 * q), b = *(const float4 *)(row + I + 4 * q);
+            v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
+                            a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
+        }
+        uint4 *base = msm + (int64_t)s * srcw;
+        pk_stage4(v, q, in, base, (float *)(base + I / 4));
+    }
+    __syncthreads();
+    // source s (staged input s) with the registers of slot (compile-time after unrolling)
+    auto source = [&](int slot, int s) {
+        const uint4 *base = msm + (int64_t)s * srcw;
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MG; i++) {
+            const int64_t G = warp + 8 * i;
+            if (G < ng) pk_group(pq[slot][i], ps[slot][i], base, ((const float *)(base + I / 4))[G], G, g, t, acc0, acc1);
+        }
+        if (t == 0) {
+            part[warp][s][g] = acc0;
+            part[warp][s][g + 8] = acc1;
+        }
+    };
+#pragma unroll
+    for (int k = 0; k < MOE_KMAX; k++)
+        if (k < K) source(k, k);
+    source(MOE_KMAX, K);
+    __syncthreads();
+    if (tid < 16) {
+        auto ye = [&](int s) { // source s's output of this row: its warps' parts in order
+            float v = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; w++) v += part[w][s][tid];
+            return v;
+        };
+        float a = tw[K] * ye(K);
+        for (int k = 0; k < K; k++) a += tw[k] * ye(k);
+        const int64_t h = rb * 16 + tid;
+        if (h < Wd.rows) x[h] += a;
+    }
+}
+// Whether k_moe_down serves a layer: packed experts and shared expert of the same width.
+static inline int moe_down_mg(const dmat &Wd, const dmat &Ws, int K) {
+    if (!Wd.pk || !Ws.pk || Wd.cols != Ws.cols || Wd.rows != Ws.rows || K > MOE_KMAX) return 0;
+    const int64_t ng = Wd.cols / 64;
+    return ng <= 8 ? 1 : ng <= 16 ? 2 : 0;
+}
+static inline size_t moe_down_smem(int64_t I, int K) { return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 64 + 3) / 4); }
 
 // Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
 // > 0: expert mode over topi. blocks: the grid to aim for (about one block per
