@@ -45,8 +45,12 @@ if [ "$MODE" = gemv ]; then
     step kernel-test_matmul ./build/cuda-tests/test_matmul
     step bench-gemv ./build/cuda-tests/bench_gemv
     cp "$LOGS"/kernel-test_matmul.log "$LOGS"/bench-gemv.log "$OUT/"
-    # decode end to end at 4k with the GEMV grid aimed at 1 and 2 blocks per SM, and one set per block
-    make -j"$NPROC" WERROR= build/lilac > "$LOGS/build-lilac.log" 2>&1 && ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
+    # the whole model against the CPU reference (tiny, 4-layer real dimensions), then decode end to end
+    # at 4k with the GEMV grid aimed at 1 and 2 blocks per SM, and one set per block
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda > "$LOGS/build-lilac.log" 2>&1 || tail -20 "$LOGS/build-lilac.log"
+    [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null && step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+    ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
     for b in "" 264 0; do
         echo "LILAC_GEMV_BLOCKS=${b:-default}"
         LILAC_GEMV_BLOCKS=$b ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 | tail -n 2
