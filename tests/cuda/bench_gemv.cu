@@ -267,7 +267,53 @@ int main(int argc, char **argv) {
     k_fill_bits<<<1024, 256>>>((uint32_t *)pool, 8 * region / 4, 5);
     CKL();
 
-    const int grids[] = {0, sms, 2 * sms};
+    // launch l of job jb at grid g (as the backend's gemv() does), with in-kernel timestamps into prof when given
+    auto launch_job = [&](const bjob &jb, int l, int g, unsigned long long *prof) -> cudaError_t {
+        const std::vector<bmat> &ms = jb.copies[(size_t)l % jb.copies.size()];
+        gemv_job j;
+        memset(&j, 0, sizeof j);
+        j.prof = prof;
+        j.n = (int)ms.size();
+        for (int i = 0; i < j.n; i++) {
+            j.W[i] = ms[(size_t)i].W;
+            j.y[i] = y + (int64_t)i * 8192;
+            j.ldy[i] = jb.slots ? ms[(size_t)i].W.rows : 0;
+            if (jb.slots && !jb.routed[(size_t)i]) { // the shared expert's down: its own input row
+                j.plain[i] = 1;
+                j.x[i] = x;
+                j.ldx[i] = 2 * I;
+                j.xoff[i] = I;
+            }
+        }
+        if (jb.slots) { j.y[0] = y; j.y[1] = y + K * 4096; }
+        j.accum[0] = jb.xm == XM_PLAIN && !jb.slots;
+        j.gain = gain;
+        j.eps = 1e-6f;
+        j.tail.kind = jb.tail;
+        j.tail.done = done;
+        if (jb.tail == TAIL_TOPK) {
+            j.tail.logits = y;
+            j.tail.E = (int)E;
+            j.tail.K = (int)K;
+            j.tail.norm = 1;
+            j.tail.topi = tk_i;
+            j.tail.topw = tk_w;
+        } else if (jb.tail == TAIL_COMBINE) {
+            j.tail.x = xres;
+            j.tail.ye = y;
+            j.tail.shy = y + K * 4096;
+            j.tail.sg = gain;
+            j.tail.topw = tk_w;
+            j.tail.K = (int)K;
+            j.tail.H = H;
+        }
+        const int64_t cols = ms[0].W.cols;
+        const int64_t ldx = jb.xm == XM_SWIGLU ? 2 * cols : cols;
+        // g < 0: grid -g launched without programmatic dependent launch (plain stream order)
+        return gemv_launch(st, g >= 0, j, jb.xm, x, ldx, cols, jb.slots ? topi + (l % NL) * K : nullptr, jb.x_div,
+                           jb.slots, g < 0 ? -g : g);
+    };
+    const int grids[] = {0, sms, 2 * sms, -2 * sms};
     printf("\n%-36s %8s %16s", "job (one token)", "MB", "read floor");
     for (int g : grids) printf("   gemv grid %-4d", g);
     printf("\n%-36s %8s %16s", "", "", "us (TB/s)");
@@ -282,49 +328,7 @@ int main(int argc, char **argv) {
         printf("%-36s %8.2f %7.2f (%5.2f)", jb.name, mb, rd, jb.bytes / rd / 1e6);
         std::vector<float> first;
         for (int g : grids) {
-            const double us = time_graph([&](int l) {
-                const std::vector<bmat> &ms = jb.copies[(size_t)l % jb.copies.size()];
-                gemv_job j;
-                memset(&j, 0, sizeof j);
-                j.n = (int)ms.size();
-                for (int i = 0; i < j.n; i++) {
-                    j.W[i] = ms[(size_t)i].W;
-                    j.y[i] = y + (int64_t)i * 8192;
-                    j.ldy[i] = jb.slots ? ms[(size_t)i].W.rows : 0;
-                    if (jb.slots && !jb.routed[(size_t)i]) { // the shared expert's down: its own input row
-                        j.plain[i] = 1;
-                        j.x[i] = x;
-                        j.ldx[i] = 2 * I;
-                        j.xoff[i] = I;
-                    }
-                }
-                if (jb.slots) { j.y[0] = y; j.y[1] = y + K * 4096; }
-                j.accum[0] = jb.xm == XM_PLAIN && !jb.slots;
-                j.gain = gain;
-                j.eps = 1e-6f;
-                j.tail.kind = jb.tail;
-                j.tail.done = done;
-                if (jb.tail == TAIL_TOPK) {
-                    j.tail.logits = y;
-                    j.tail.E = (int)E;
-                    j.tail.K = (int)K;
-                    j.tail.norm = 1;
-                    j.tail.topi = tk_i;
-                    j.tail.topw = tk_w;
-                } else if (jb.tail == TAIL_COMBINE) {
-                    j.tail.x = xres;
-                    j.tail.ye = y;
-                    j.tail.shy = y + K * 4096;
-                    j.tail.sg = gain;
-                    j.tail.topw = tk_w;
-                    j.tail.K = (int)K;
-                    j.tail.H = H;
-                }
-                const int64_t cols = ms[0].W.cols;
-                const int64_t ldx = jb.xm == XM_SWIGLU ? 2 * cols : cols;
-                return gemv_launch(st, true, j, jb.xm, x, ldx, cols, jb.slots ? topi + (l % NL) * K : nullptr, jb.x_div,
-                                   jb.slots, g);
-            });
+            const double us = time_graph([&](int l) { return launch_job(jb, l, g, nullptr); });
             printf("   %6.2f (%5.2f)", us, jb.bytes / us / 1e6);
             fflush(stdout);
             // every grid computes the same rows in the same order: compare with the first
@@ -338,6 +342,40 @@ int main(int argc, char **argv) {
             }
         }
         printf("\n");
+    }
+    // Where a launch's time goes: timestamps in blocks 0 and last of the middle launch of a graph
+    // (gemv_mark in cuda_packed.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
+    // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
+    {
+        unsigned long long *pb = dalloc<unsigned long long>(NL * 64);
+        unsigned long long hp[NL * 64];
+        for (auto &jb : jobs) {
+            if (jb.tail != TAIL_NONE || (strncmp(jb.name, "gdn", 3) && strncmp(jb.name, "lm_head", 7) && strncmp(jb.name, "experts gate", 12)))
+                continue;
+            for (int g : {sms, 2 * sms}) {
+                CK(cudaMemset(pb, 0, sizeof(unsigned long long) * NL * 64));
+                time_graph([&](int l) { return launch_job(jb, l, g, pb + (size_t)l * 64); });
+                CK(cudaMemcpy(hp, pb, sizeof hp, cudaMemcpyDeviceToHost));
+                const int l = NL / 2;
+                const unsigned long long *c = hp + l * 64, *pv = hp + (l - 1) * 64;
+                const unsigned long long prev_end = std::max(pv[16 + 15], pv[32 + 16 + 15]);
+                printf("profile %-30s grid %3d, launch %d:\n", jb.name, g, l);
+                for (int b = 0; b < 2; b++) {
+                    const unsigned long long *ck = c + b * 32, *gt = c + b * 32 + 16;
+                    printf("  block %s: starts %+6.2f us after the previous launch's end;", b ? "last" : "0   ",
+                           ((double)gt[0] - (double)prev_end) / 1e3);
+                    unsigned long long last = ck[0];
+                    const char *nm[4] = {"issue", "wait", "stage", ""};
+                    for (int i = 1; i < 16; i++) {
+                        if (!ck[i]) continue;
+                        printf(" %s%s%d %.0f", i < 4 ? nm[i - 1] : "set", "", i < 4 ? 0 : i - 4, (double)(ck[i] - last));
+                        last = ck[i];
+                    }
+                    const double mhz = gt[15] > gt[0] ? (double)(ck[15] - ck[0]) / ((double)(gt[15] - gt[0]) / 1e3) : 0;
+                    printf(" cycles; total %.2f us (%.0f MHz)\n", (double)(gt[15] - gt[0]) / 1e3, mhz);
+                }
+            }
+        }
     }
     // the fused MoE down + combine (k_moe_down) that replaces the last two rows above in decode
     {

@@ -609,7 +609,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
     bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess &&
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
-    s->gemv_blocks = s->n_sm; // one block per SM: the next kernel's blocks fit beside (tests/cuda/bench_gemv.cu)
+    s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
     if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);

@@ -90,6 +90,7 @@ struct gemv_job {
     int n;
     int upb;                  // row-block sets per block (set by gemv_launch)
     int stages;               // weight stages in shared memory (set by gemv_launch)
+    unsigned long long *prof; // tests/cuda/bench_gemv.cu's in-kernel timestamps (null: off)
     const float *gain;
     float *xn_out;
     float eps;

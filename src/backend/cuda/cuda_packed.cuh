@@ -145,6 +145,18 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
     if ((q & 15) == 0) xsg[q / 16] = gs;
 }
 
+// A timestamp (SM clock, global timer) at point i of blocks 0 and last of
+// grid row 0, into prof[b*32 + i] and prof[b*32 + 16 + i]: bench_gemv.cu's
+// view of where a launch's time goes. prof null (always, outside the bench): nothing.
+__device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
+    if (!prof || threadIdx.x != 0 || blockIdx.y != 0 || (blockIdx.x != 0 && blockIdx.x != gridDim.x - 1) || i > 15) return;
+    const int b = blockIdx.x == 0 ? 0 : 1;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    prof[b * 32 + i] = clock64();
+    prof[b * 32 + 16 + i] = t;
+}
+
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
 // "set" is 8/NS row blocks of 16 rows; warp w takes row block w % (8/NS) of
 // the set and groups w / (8/NS) + NS*i, partial sums meeting in shared memory.
@@ -167,6 +179,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[32];
     __shared__ float part[2][8][17];
+    gemv_mark(job.prof, 0);
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     dmat W = job.W[mi];
@@ -217,12 +230,14 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         cp_async_commit();
     };
     for (int k = 0; k < S - 1; k++) issue(k);
+    gemv_mark(job.prof, 1);
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
         pdl_wait();
     } else {
         pdl_trigger();
     }
+    gemv_mark(job.prof, 2);
 
     // Stage the input: f32 (padded, for row_dot), the packed products' B fragments and group sums.
     uint4 *xb = (uint4 *)(xs + gemv_smem(cols) / sizeof(float));
@@ -262,6 +277,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         if (tc) pk_stage4(v4, q, in, xb, xsg); // block-uniform: whole warps
     }
     __syncthreads();
+    gemv_mark(job.prof, 3);
 
     float *y = job.y[mi] + yrow * job.ldy[mi];
     const int accum = job.accum[mi];
@@ -310,8 +326,10 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
             if (row < W.rows) y[row] = accum ? y[row] + v : v;
         }
         // pt is rewritten two sets on, after the next barrier, which every reader above passes first
+        gemv_mark(job.prof, 4 + k);
     }
     cp_async_wait<0>();
+    gemv_mark(job.prof, 15);
     gemv_tail_run(job.tail);
 }
 
