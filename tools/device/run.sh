@@ -4,7 +4,8 @@
 # the benchmarks. Everything it prints last is the summary table.
 #
 #   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv]      (default: full)
-#   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu)
+#   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
+#         decode at 4k for three GEMV grids; kbench: bench_gemv.cu alone
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #
 # Inputs it can use when present (carried by the device tool, git-ignored):
@@ -39,6 +40,11 @@ step() {  # name cmd...
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 
+if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone
+    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
+    ./build/cuda-tests/bench_gemv | tee "$OUT/bench-gemv.log"
+    exit 0
+fi
 if [ "$MODE" = gemv ]; then
     make -j"$NPROC" WERROR= build/cuda-tests/test_matmul build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 ||
         { tail -20 "$LOGS/build-gemv.log"; exit 1; }
