@@ -105,19 +105,23 @@ __device__ __forceinline__ void pk_group(uint4 pq, uint32_t psr, const uint4 *xb
                                          float &acc0, float &acc1) {
     const uint4 B0 = xb[(G * 2) * 8 + (g & 1) * 4 + t], B1 = xb[(G * 2 + 1) * 8 + (g & 1) * 4 + t];
     const uint32_t wq[4] = {pq.x, pq.y, pq.z, pq.w}, bb[8] = {B0.x, B0.y, B0.z, B0.w, B1.x, B1.y, B1.z, B1.w};
-    float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // one accumulator per k-step: four independent MMAs in flight instead of a chain of four
+    float p[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ks++) {
         const uint32_t w = wq[ks];
         const uint32_t a[4] = {(w & 0x000F000Fu) | 0x43004300u, ((w >> 4) & 0x000F000Fu) | 0x43004300u,
                                ((w >> 8) & 0x000F000Fu) | 0x43004300u, ((w >> 12) & 0x000F000Fu) | 0x43004300u};
-        mma_bf16(p, a, bb[2 * ks], bb[2 * ks + 1]);
+        p[ks][0] = p[ks][1] = p[ks][2] = p[ks][3] = 0.0f;
+        mma_bf16(p[ks], a, bb[2 * ks], bb[2 * ks + 1]);
     }
-    // lane t=0: p[0] + p[1] = row g (hi + lo columns), p[2] + p[3] = row g+8
+    const float r0 = ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1])) + ((p[2][0] + p[2][1]) + (p[3][0] + p[3][1]));
+    const float r8 = ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3])) + ((p[2][2] + p[2][3]) + (p[3][2] + p[3][3]));
+    // lane t=0: r0 = row g (columns 0 and 1 of each k-step: hi + lo), r8 = row g+8
     const uint32_t other = __shfl_down_sync(0xffffffffu, psr, 1);
     const float s0 = __uint_as_float(psr << 16), s1 = __uint_as_float(other << 16);
-    acc0 += s0 * (p[0] + p[1]) + (__uint_as_float(psr & 0xFFFF0000u) - 128.0f * s0) * xg;
-    acc1 += s1 * (p[2] + p[3]) + (__uint_as_float(other & 0xFFFF0000u) - 128.0f * s1) * xg;
+    acc0 += s0 * r0 + (__uint_as_float(psr & 0xFFFF0000u) - 128.0f * s0) * xg;
+    acc1 += s1 * r8 + (__uint_as_float(other & 0xFFFF0000u) - 128.0f * s1) * xg;
 }
 
 // Columns 4q..4q+3 of an input row (values v4) staged for pk_group: the bf16
@@ -242,6 +246,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     // Stage the input: f32 (padded, for row_dot), the packed products' B fragments and group sums.
     uint4 *xb = (uint4 *)(xs + gemv_smem(cols) / sizeof(float));
     float *xsg = (float *)(xb + cols / 4);
+    // x, and the second half (SwiGLU) or the gain (RMSNorm), all loaded in one round trip
     float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
     const int64_t n4 = cols / 4;
 #pragma unroll
@@ -249,6 +254,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
         const int64_t q = tid + (int64_t)u * blockDim.x;
         xr[u] = q < n4 ? *(const float4 *)(x + 4 * q) : make_float4(0, 0, 0, 0);
         if (XM == XM_SWIGLU) xu[u] = q < n4 ? *(const float4 *)(x + xoff + 4 * q) : make_float4(0, 0, 0, 0);
+        if (XM == XM_NORM) xu[u] = q < n4 ? __ldg((const float4 *)(job.gain + 4 * q)) : make_float4(0, 0, 0, 0);
     }
     float inv = 1.0f;
     if (XM == XM_NORM) {
@@ -268,7 +274,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
             for (int e = 0; e < 4; e++) v[e] = v[e] / (1.0f + expf(-v[e])) * uu[e];
         }
         if (XM == XM_NORM && in) {
-            const float4 g4 = *(const float4 *)(job.gain + 4 * q);
+            const float4 g4 = xu[u];
             v[0] *= inv * g4.x; v[1] *= inv * g4.y; v[2] *= inv * g4.z; v[3] *= inv * g4.w;
             if (job.xn_out && blockIdx.x == 0 && blockIdx.y == 0) *(float4 *)(job.xn_out + 4 * q) = make_float4(v[0], v[1], v[2], v[3]);
         }
