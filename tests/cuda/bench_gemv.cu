@@ -191,8 +191,10 @@ int main(int argc, char **argv) {
     int *sink = dalloc<int>(1);
     uint32_t *rsink = dalloc<uint32_t>(1 << 16);
 
+    // BENCH_ONLY=prefix: only the rows whose name starts with it, at the backend's grid (for a profiler run)
+    const char *only = getenv("BENCH_ONLY");
     // 1. an empty launch, with and without PDL
-    for (int pdl = 0; pdl < 2; pdl++) {
+    for (int pdl = 0; pdl < 2 && !only; pdl++) {
         const double us = time_graph([&](int) { return launch_ex(st, pdl != 0, k_empty, dim3(2 * sms), dim3(256), 0, sink); });
         printf("empty kernel (%d blocks), %s: %.2f us per launch\n", 2 * sms, pdl ? "PDL" : "no PDL", us);
     }
@@ -325,6 +327,7 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) printf("   %-14s", "us (TB/s)");
     printf("\n");
     for (auto &jb : jobs) {
+        if (only && strncmp(jb.name, only, strlen(only))) continue;
         const double mb = (double)jb.bytes / 1e6;
         const double rd = time_graph([&](int l) {
             return launch_ex(st, true, k_read, dim3(8 * sms), dim3(256), 0, (const uint4 *)((const char *)pool + (l % 8) * region),
@@ -333,6 +336,7 @@ int main(int argc, char **argv) {
         printf("%-36s %8.2f %7.2f (%5.2f)", jb.name, mb, rd, jb.bytes / rd / 1e6);
         std::vector<float> first;
         for (int g : grids) {
+            if (only && g != 2 * sms) continue;
             const double us = time_graph([&](int l) { return launch_job(jb, l, g, nullptr); });
             printf("   %6.2f (%5.2f)", us, jb.bytes / us / 1e6);
             fflush(stdout);
@@ -351,7 +355,7 @@ int main(int argc, char **argv) {
     // Where a launch's time goes: timestamps in blocks 0 and last of the middle launch of a graph
     // (gemv_mark in cuda_packed.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
     // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
-    {
+    if (!only) {
         unsigned long long *pb = dalloc<unsigned long long>(NL * 64);
         unsigned long long hp[NL * 64];
         for (auto &jb : jobs) {
@@ -383,7 +387,7 @@ int main(int argc, char **argv) {
         }
     }
     // the fused MoE down + combine (k_moe_down) that replaces the last two rows above in decode
-    {
+    if (!only || !strncmp(only, "k_moe", 5)) {
         const bjob *dj = nullptr;
         for (auto &j : jobs)
             if (j.tail == TAIL_COMBINE) dj = &j;
