@@ -72,7 +72,7 @@ __host__ __device__ inline int gemv_rows_per_block(const dmat &W, int ns) { retu
 // one set of the packed layout (8/ns row blocks: codes, then scale/bias pairs).
 static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / ns) * (size_t)(cols / 64) * 36; }
 __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
-    return (gemv_smem(cols) + (size_t)cols / 2 * 4 * 2 + (size_t)cols / 64 * 4 + 15) / 16 * 16;
+    return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
 }
 #define GEMV_SMEM_STAGES (110u << 10) // weight stages per block; another kernel's block still fits beside
 static inline int gemv_stages(int64_t cols, int ns) {
@@ -83,70 +83,80 @@ static inline int gemv_stages(int64_t cols, int ns) {
 
 #define TCG_MAX 8
 
-// The staged input of the packed products: per 64-column group G, 16 uint4
-// xb[(G*2 + h)*8 + hl*4 + t] = the B fragments of lane (g, t) for k-steps 2h
-// and 2h+1 (column 0 of B = bf16 hi parts, column 1 = lo parts; hl = g & 1):
-//   {pair(c), pair(c+8), pair(c+16), pair(c+24)}, c = 64G + 32h + 2t,
-// pair(c) = the bf16x2 of columns c, c+1. Two 16-byte loads per group and lane
-// and no select; lanes g >= 2 read the same data into B columns 2..7, whose
-// products nobody reads. xsg[G]: the group's input sum (f32).
-__device__ __forceinline__ int pk_xb_word(int64_t c, int hl) { // u32 index of pair(c), c even
-    const int64_t G = c >> 6, cc = c & 63, ks = cc >> 4, pp = (cc & 15) >> 1;
-    return (int)((((G * 2 + (ks >> 1)) * 8 + hl * 4 + (pp & 3)) << 2) + ((ks & 1) << 1) + (pp >> 2));
+// The packed products run on the integer tensor cores (mma m16n8k32, s8): the
+// codes of a packed word, masked, are already the bytes of an A fragment, and
+// the input goes in as three int8 pieces per 64-column group G,
+//   x ≈ σ_G (a + b/128 + c/16384),  σ_G = max|x| / 127,
+// in B columns 0, 1 and 2 of the same MMA (exact s32 sums). That resolves x
+// to 2^-21 of its group's largest value (the bf16 hi/lo split this replaced:
+// 2^-16 of each value) in about half the instructions per weight: one
+// mask per four codes instead of three operations per two, and two MMAs per
+// group instead of four.
+//   K order: lane (g, t)'s word ks holds rows g (low nibble of each byte) and
+//   g+8 (high) at columns c0, c0+8, c0+1, c0+9 (c0 = 16ks + 2t), so that is
+//   the order of the k index inside each 4-byte fragment register; the pieces
+//   are staged in the same order:
+//   xq[((G*4 + n)*4 + t)*16 + ks*4 + byte] = piece n (0..2) of column
+//   64G + 16ks + c, for byte = 0, 1, 2, 3 <-> c = 2t, 2t+8, 2t+1, 2t+9.
+//   xsg[2G] = Σ_G x (f32, for the bias), xsg[2G+1] = σ_G.
+__device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // One packed group (16 rows x 64 columns; this lane's fragment word pq and
-// scale/bias word psr, see the layout above) times the staged input xb (group
-// sum xg). Adds rows g and g+8 of s*Σqx + b*Σx to acc0/acc1 in lanes t == 0.
-// The codes go in as bf16 128+q (one mask-and-or per register, no subtract);
-// the 128·Σx this adds is taken off through the bias: s*P + (b - 128 s)*Σx.
-// Warp-uniform (it shuffles).
-__device__ __forceinline__ void pk_group(uint4 pq, uint32_t psr, const uint4 *xb, float xg, int64_t G, int g, int t,
+// scale/bias word psr, see the layout above) times the staged input (xq, and
+// xs2 = {Σx, σ} of the group). Adds rows g and g+8 of s*Σqx + b*Σx to
+// acc0/acc1 in lanes t == 0. Warp-uniform (it shuffles).
+__device__ __forceinline__ void pk_group(uint4 pq, uint32_t psr, const uint4 *xq, float2 xs2, int64_t G, int g, int t,
                                          float &acc0, float &acc1) {
-    const uint4 B0 = xb[(G * 2) * 8 + (g & 1) * 4 + t], B1 = xb[(G * 2 + 1) * 8 + (g & 1) * 4 + t];
-    const uint32_t wq[4] = {pq.x, pq.y, pq.z, pq.w}, bb[8] = {B0.x, B0.y, B0.z, B0.w, B1.x, B1.y, B1.z, B1.w};
-    // one accumulator per k-step: four independent MMAs in flight instead of a chain of four
-    float p[4][4];
-#pragma unroll
-    for (int ks = 0; ks < 4; ks++) {
-        const uint32_t w = wq[ks];
-        const uint32_t a[4] = {(w & 0x000F000Fu) | 0x43004300u, ((w >> 4) & 0x000F000Fu) | 0x43004300u,
-                               ((w >> 8) & 0x000F000Fu) | 0x43004300u, ((w >> 12) & 0x000F000Fu) | 0x43004300u};
-        p[ks][0] = p[ks][1] = p[ks][2] = p[ks][3] = 0.0f;
-        mma_bf16(p[ks], a, bb[2 * ks], bb[2 * ks + 1]);
-    }
-    const float r0 = ((p[0][0] + p[0][1]) + (p[1][0] + p[1][1])) + ((p[2][0] + p[2][1]) + (p[3][0] + p[3][1]));
-    const float r8 = ((p[0][2] + p[0][3]) + (p[1][2] + p[1][3])) + ((p[2][2] + p[2][3]) + (p[3][2] + p[3][3]));
-    // lane t=0: r0 = row g (columns 0 and 1 of each k-step: hi + lo), r8 = row g+8
+    const uint4 B = xq[(G * 4 + (g & 3)) * 4 + t]; // lanes g = 3..7: pieces nobody reads
+    const uint32_t M = 0x0F0F0F0Fu;
+    int d[4] = {0, 0, 0, 0};
+    imma_s8(d, pq.x & M, (pq.x >> 4) & M, pq.y & M, (pq.y >> 4) & M, B.x, B.y); // columns 0..31
+    imma_s8(d, pq.z & M, (pq.z >> 4) & M, pq.w & M, (pq.w >> 4) & M, B.z, B.w); // 32..63
+    // lane t=0: d0, d1 = pieces 0, 1 of row g; d2, d3 of row g+8; lane t=1: d0, d2 = piece 2
+    const int e0 = __shfl_down_sync(0xffffffffu, d[0], 1), e2 = __shfl_down_sync(0xffffffffu, d[2], 1);
     const uint32_t other = __shfl_down_sync(0xffffffffu, psr, 1);
-    const float s0 = __uint_as_float(psr << 16), s1 = __uint_as_float(other << 16);
-    acc0 += s0 * r0 + (__uint_as_float(psr & 0xFFFF0000u) - 128.0f * s0) * xg;
-    acc1 += s1 * r8 + (__uint_as_float(other & 0xFFFF0000u) - 128.0f * s1) * xg;
+    const float p0 = (float)d[0] + (float)d[1] * (1.0f / 128.0f) + (float)e0 * (1.0f / 16384.0f);
+    const float p8 = (float)d[2] + (float)d[3] * (1.0f / 128.0f) + (float)e2 * (1.0f / 16384.0f);
+    acc0 += __uint_as_float(psr << 16) * xs2.y * p0 + __uint_as_float(psr & 0xFFFF0000u) * xs2.x;
+    acc1 += __uint_as_float(other << 16) * xs2.y * p8 + __uint_as_float(other & 0xFFFF0000u) * xs2.x;
 }
 
-// Columns 4q..4q+3 of an input row (values v4) staged for pk_group: the bf16
-// hi/lo pairs into xb, the group sums into xsg. Called by whole warps over
-// consecutive q (the 16 quads of a group are 16 consecutive lanes); `in`
-// false: this lane has no quad (it still takes part in the shuffles).
-__device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *xb, float *xsg) {
+// Columns 4q..4q+3 of an input row (values v4) staged for pk_group: the int8
+// pieces into xq, Σx and σ into xsg. Called by whole warps over consecutive q
+// (the 16 quads of a group are 16 consecutive lanes); `in` false: this lane
+// has no quad (it still takes part in the shuffles).
+__device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *xq, float *xsg) {
     const float v[4] = {v4.x, v4.y, v4.z, v4.w};
     float gs = in ? (v[0] + v[1]) + (v[2] + v[3]) : 0.0f;
+    float m = in ? fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))) : 0.0f;
 #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) gs += __shfl_xor_sync(0xffffffffu, gs, o);
+    for (int o = 8; o > 0; o >>= 1) {
+        gs += __shfl_xor_sync(0xffffffffu, gs, o);
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    }
     if (!in) return;
-    __nv_bfloat16 h[4], l[4];
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f; // m = inf: pieces 0, σ inf; NaN x: Σx carries it
+    int8_t *xb = (int8_t *)xq;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        h[e] = __float2bfloat16(v[e]);
-        l[e] = __float2bfloat16(v[e] - __bfloat162float(h[e]));
+        const int64_t col = 4 * q + e, G = col >> 6, cc = col & 63, ks = cc >> 4, w = cc & 15;
+        const int64_t at = ((G * 4) * 4 + ((w & 7) >> 1)) * 16 + ks * 4 + (w & 1) * 2 + (w >> 3); // piece 0
+        const float u = v[e] * inv, a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
+        const float r = (u - a) * 128.0f, b = rintf(r);
+        const float c = fminf(fmaxf(rintf((r - b) * 128.0f), -127.0f), 127.0f);
+        xb[at] = (int8_t)a;
+        xb[at + 64] = (int8_t)b;   // piece 1: n + 1 is 4 uint4 = 64 bytes on
+        xb[at + 128] = (int8_t)c;
     }
-    uint32_t *w = (uint32_t *)xb;
-    const uint32_t *h2 = (const uint32_t *)h, *l2 = (const uint32_t *)l;
-    w[pk_xb_word(4 * q, 0)] = h2[0];
-    w[pk_xb_word(4 * q + 2, 0)] = h2[1];
-    w[pk_xb_word(4 * q, 1)] = l2[0];
-    w[pk_xb_word(4 * q + 2, 1)] = l2[1];
-    if ((q & 15) == 0) xsg[q / 16] = gs;
+    if ((q & 15) == 0) {
+        xsg[2 * (q / 16)] = gs;
+        xsg[2 * (q / 16) + 1] = m * (1.0f / 127.0f);
+    }
 }
 
 // A timestamp (SM clock, global timer) at point i of blocks 0 and last of
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     }
     gemv_mark(job.prof, 2);
 
-    // Stage the input: f32 (padded, for row_dot), the packed products' B fragments and group sums.
+    // Stage the input: f32 (padded, for row_dot), the packed products' int8 pieces, group sums and scales.
     uint4 *xb = (uint4 *)(xs + gemv_smem(cols) / sizeof(float));
     float *xsg = (float *)(xb + cols / 4);
     // x, and the second half (SwiGLU) or the gain (RMSNorm), all loaded in one round trip
@@ -314,7 +324,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
                 if (i < ngw) {
                     const int64_t G = slice + (int64_t)NS * i;
                     const uint32_t psr = t < 2 ? ssb[(rbl * ng + G) * 16 + g + 8 * t] : 0u; // lanes t < 2: their own copies
-                    pk_group(sw[(rbl * ng + G) * 32 + lane], psr, xb, xsg[G], G, g, t, acc0, acc1);
+                    pk_group(sw[(rbl * ng + G) * 32 + lane], psr, xb, ((const float2 *)xsg)[G], G, g, t, acc0, acc1);
                 }
         }
         float (*pt)[17] = part[k & 1]; // double-buffered: one barrier per set
@@ -351,12 +361,12 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
 template <int MG>
 __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float *gu, const float *shgu, int64_t I,
                                                      const int *topi, const float *topw, const float *sg, int K, float *x) {
-    extern __shared__ __align__(16) uint4 msm[]; // per source: B fragments (I/4 uint4), group sums (I/64 f32, padded)
+    extern __shared__ __align__(16) uint4 msm[]; // per source: int8 pieces (I/4 uint4), {Σx, σ} per group (padded)
     __shared__ float part[8][MOE_KMAX + 1][17];
     __shared__ int ti[MOE_KMAX];
     __shared__ float tw[MOE_KMAX + 1];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t ng = I / 64, rb = blockIdx.x, srcw = I / 4 + (I / 64 + 3) / 4; // uint4 per staged source
+    const int64_t ng = I / 64, rb = blockIdx.x, srcw = I / 4 + (I / 32 + 3) / 4; // uint4 per staged source
     uint4 pq[MOE_KMAX + 1][MG];
     uint32_t ps[MOE_KMAX + 1][MG];
     auto load = [&](int s, const dmat &W) {
@@ -403,7 +413,7 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
 #pragma unroll
         for (int i = 0; i < MG; i++) {
             const int64_t G = warp + 8 * i;
-            if (G < ng) pk_group(pq[slot][i], ps[slot][i], base, ((const float *)(base + I / 4))[G], G, g, t, acc0, acc1);
+            if (G < ng) pk_group(pq[slot][i], ps[slot][i], base, ((const float2 *)(base + I / 4))[G], G, g, t, acc0, acc1);
         }
         if (t == 0) {
             part[warp][s][g] = acc0;
@@ -434,7 +444,7 @@ static inline int moe_down_mg(const dmat &Wd, const dmat &Ws, int K) {
     const int64_t ng = Wd.cols / 64;
     return ng <= 8 ? 1 : ng <= 16 ? 2 : 0;
 }
-static inline size_t moe_down_smem(int64_t I, int K) { return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 64 + 3) / 4); }
+static inline size_t moe_down_smem(int64_t I, int K) { return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 32 + 3) / 4); }
 
 // Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
 // > 0: expert mode over topi. blocks: the grid to aim for (about one block per
