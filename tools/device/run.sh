@@ -57,7 +57,7 @@ if [ "$MODE" = gemv ]; then
     [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null && step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
-    for b in "" 264 0; do
+    for b in ""; do
         echo "LILAC_GEMV_BLOCKS=${b:-default}"
         LILAC_GEMV_BLOCKS=$b ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 | tail -n 2
     done
