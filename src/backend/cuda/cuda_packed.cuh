@@ -6,12 +6,11 @@
 // kernels ended up instruction-bound at ~20% of the memory bandwidth. Repacked
 // once at load, a warp reads a 16-row x 64-column group as one fully coalesced
 // 512-byte load (16 bytes per lane) whose 32-bit words are exactly the A
-// fragments of four mma.m16n8k16 (one per 16 columns), and the scale/bias pairs
-// of the 16 rows as one 64-byte load. Unpacking a fragment register is a shift,
-// a mask and a bf16x2 subtraction for two weights; the tensor cores do the
-// multiplies. Codes stay exact (bf16 holds 0..15), the activations go in as
-// bf16 hi + lo (columns 0 and 1 of the MMA's B), so the result is f32-faithful
-// like every other matrix product of the backend.
+// fragments of four bf16 mma.m16n8k16 (one per 16 columns; the prefill GEMM,
+// cuda_gemm.cuh, unpacks them with a shift, a mask and a bf16x2 subtraction)
+// and, masked with 0x0F0F0F0F, of two s8 mma.m16n8k32 (the decode GEMV below,
+// one instruction per four codes); the scale/bias pairs of the 16 rows are one
+// 64-byte load. Codes stay exact either way; the tensor cores do the multiplies.
 //
 // Layout, per expert e, row block rb (16 rows, zero-padded), group G (64 columns):
 //   pk [((e*RB + rb)*ng + G)*32 + lane]: uint4, word ks = columns 64G+16ks .. +15
@@ -74,7 +73,7 @@ static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / n
 __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
     return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
 }
-#define GEMV_SMEM_STAGES (110u << 10) // weight stages per block; another kernel's block still fits beside
+#define GEMV_SMEM_STAGES (110u << 10) // weight stages per block: two blocks per SM fit
 static inline int gemv_stages(int64_t cols, int ns) {
     const size_t per = gemv_stage_u4(cols, ns) * 16;
     const size_t n = GEMV_SMEM_STAGES / per;
@@ -177,10 +176,10 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
 // A block stages its input once and loops over job.upb consecutive sets; the
 // sets stream through job.stages shared-memory stages by cp.async, the first
 // ones issued before the block waits for its predecessor kernel (weights do
-// not depend on it), after which it lets the next kernel launch: that one's
-// blocks, beside this one's, start their own weight copies while this one
-// computes. A decode step thus streams weights across kernel boundaries
-// instead of paying a DRAM round trip per kernel (or per 16 rows).
+// not depend on it), and then the next kernel may launch (its blocks start as
+// this one's leave: two per SM fill the register file). Where the time goes:
+// docs/perf.md, session 4 (per-launch issue and staging latency, then ~60
+// instructions per 16 x 64 group).
 // Other matrices (8-bit router and shared-expert gate, bf16 checkpoints, 4-bit
 // with other group sizes) take one row per warp with row_dot (a set of 8 rows).
 // Expert mode (topi != null): blockIdx.y is a routing slot (input row slot /
@@ -447,9 +446,9 @@ static inline int moe_down_mg(const dmat &Wd, const dmat &Ws, int K) {
 static inline size_t moe_down_smem(int64_t I, int K) { return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 32 + 3) / 4); }
 
 // Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
-// > 0: expert mode over topi. blocks: the grid to aim for (about one block per
-// SM, so that the next kernel's blocks fit beside); each block then loops over
-// job.upb sets. 0: one set per block.
+// > 0: expert mode over topi. blocks: the grid to aim for (the backend: two
+// blocks per SM, as many as fit at once); each block then loops over job.upb
+// sets. 0: one set per block.
 template <int XM, int NS>
 static cudaError_t gemv_go(cudaStream_t st, bool pdl, dim3 g, size_t sm, gemv_job &j, const float *x, int64_t ldx,
                            int64_t xoff, const int *topi, int x_div) {
