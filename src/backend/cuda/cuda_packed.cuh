@@ -67,8 +67,9 @@ static inline int gemv_ns(int64_t ng) {
 __host__ __device__ inline int gemv_rows_per_block(const dmat &W, int ns) { return W.pk ? 16 * (8 / ns) : 8; }
 
 // Shared memory of k_gemv: the staged input of `cols` columns (f32 padded for
-// row_dot, bf16 hi and lo pairs, group sums), then `stages` weight stages, each
-// one set of the packed layout (8/ns row blocks: codes, then scale/bias pairs).
+// row_dot, the int8 pieces of pk_stage4, {Σx, σ} per group), then `stages`
+// weight stages, each one set of the packed layout (8/ns row blocks: codes,
+// then scale/bias pairs).
 static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / ns) * (size_t)(cols / 64) * 36; }
 __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
     return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
@@ -178,8 +179,8 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
 // ones issued before the block waits for its predecessor kernel (weights do
 // not depend on it), and then the next kernel may launch (its blocks start as
 // this one's leave: two per SM fill the register file). Where the time goes:
-// docs/perf.md, session 4 (per-launch issue and staging latency, then ~60
-// instructions per 16 x 64 group).
+// docs/perf.md, session 4 (per-launch issue and staging latency; the bf16
+// products this replaced issued 146 warp instructions per 16 x 64 group).
 // Other matrices (8-bit router and shared-expert gate, bf16 checkpoints, 4-bit
 // with other group sizes) take one row per warp with row_dot (a set of 8 rows).
 // Expert mode (topi != null): blockIdx.y is a routing slot (input row slot /
