@@ -5,7 +5,7 @@
 #
 #   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv]      (default: full)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
-#         decode at 4k for three GEMV grids; kbench: bench_gemv.cu alone
+#         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #
 # Inputs it can use when present (carried by the device tool, git-ignored):
@@ -40,6 +40,17 @@ step() {  # name cmd...
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 
+if [ "$MODE" = verify ]; then  # the shortest check of a decode change: GEMV kernel tests, whole model, decode at 4k
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul > "$LOGS/build.log" 2>&1 ||
+        { tail -20 "$LOGS/build.log"; exit 1; }
+    ./build/cuda-tests/test_matmul --quick 2>&1 | tee "$OUT/test_matmul.log" | grep -E "experts|moe_down|FAIL|passed"
+    [ -d .devdata/tiny ] && ./build/cuda-tests/test_cuda .devdata/tiny --quick 2>&1 | tee "$OUT/test-tiny.log" | grep -E "FAIL|passed"
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
+        ./build/cuda-tests/test_cuda /tmp/syn4 --quick 2>&1 | tee "$OUT/test-real-dims.log" | grep -E "FAIL|passed"
+    ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
+        ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | tee "$OUT/bench.log"
+    exit 0
+fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone
     make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
     ./build/cuda-tests/bench_gemv | tee "$OUT/bench-gemv.log"

@@ -951,10 +951,12 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
     const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
     const bool grouped = slots > 64;
-    // One token: the top-k runs in the router GEMV's last block (gemv_tail).
+    // One token: the routed gate/up GEMV's blocks make the top-k themselves from the
+    // logits (K <= 8: tk_pro); else the router GEMV's last block does (gemv_tail).
+    const bool tk_pro = T == 1 && E <= 256 && K <= 8;
     gemv_tail tk;
     memset(&tk, 0, sizeof tk);
-    if (T == 1 && E <= 256) {
+    if (T == 1 && E <= 256 && !tk_pro) {
         tk.kind = TAIL_TOPK;
         tk.done = s->tail_done + 2 * l;
         tk.logits = s->rlog;
@@ -967,8 +969,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err, &tk) < 0) return -1;
     prof_mark(s, PH_MOE_ROUTE);
     bool shared_done = false, combined = false;
-    if (tk.kind != TAIL_NONE) {
-        // done
+    if (tk_pro || tk.kind != TAIL_NONE) {
+        // in the gate/up GEMV below, or done
     } else if (E <= 32)
         pdl_launch(s, k_topk_reg<1>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
     else if (E <= 64)
@@ -987,6 +989,14 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         float *const Yg[2] = {s->gu, s->gu + I};
         const int64_t LDg[2] = {2 * I, 2 * I};
         gemv_job j = job_of(2, Wg, Yg, LDg);
+        if (tk_pro) { // block (0,0) leaves the top-k in topi/topw for the down projections
+            j.tk_logits = s->rlog;
+            j.tk_E = E;
+            j.tk_K = K;
+            j.tk_norm = c->norm_topk;
+            j.tk_topi = s->topi;
+            j.tk_topw = s->topw;
+        }
         if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
         const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
         if (mg) {

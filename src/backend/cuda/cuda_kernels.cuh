@@ -91,6 +91,13 @@ struct gemv_job {
     int upb;                  // row-block sets per block (set by gemv_launch)
     int stages;               // weight stages in shared memory (set by gemv_launch)
     unsigned long long *prof; // tests/cuda/bench_gemv.cu's in-kernel timestamps (null: off)
+    // Expert mode: with tk_logits, every block computes the router's top-k itself
+    // (topk_warp, E <= 256, K <= 8) and block (0,0) writes it to tk_topi/tk_topw;
+    // the expert ids then come from there instead of topi.
+    const float *tk_logits;
+    int tk_E, tk_K, tk_norm;
+    int *tk_topi;
+    float *tk_topw;
     const float *gain;
     float *xn_out;
     float eps;

@@ -194,8 +194,10 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     __shared__ float red[32];
     __shared__ float part[2][8][17];
     gemv_mark(job.prof, 0);
+    // this block's matrix: the start[] compares are independent loads (a search loop would chain them)
     int mi = 0;
-    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
+#pragma unroll
+    for (int i = 1; i < GEMV_MATS; i++) mi += i < job.n && (int)blockIdx.x >= job.start[i];
     dmat W = job.W[mi];
     if (job.x[mi]) { x = job.x[mi]; ldx = job.ldx[mi]; xoff = job.xoff[mi]; }
     int64_t yrow = 0;
@@ -209,7 +211,21 @@ __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, i
     if (routed) {
         pdl_wait(); // the expert ids come from the previous kernel
         const int slot = blockIdx.y;
-        W = dmat_expert(W, topi[slot]);
+        int e;
+        if (job.tk_logits) { // the router's top-k, made by every block from the logits (no tail, no launch)
+            __shared__ int tki[8];
+            __shared__ float tkw[8];
+            if (threadIdx.x < 32) topk_warp<8>(job.tk_logits, job.tk_E, job.tk_K, job.tk_norm, tki, tkw, nullptr, 0);
+            __syncthreads();
+            if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < job.tk_K) { // for the down projections
+                job.tk_topi[threadIdx.x] = tki[threadIdx.x];
+                job.tk_topw[threadIdx.x] = tkw[threadIdx.x];
+            }
+            e = tki[slot];
+        } else {
+            e = topi[slot];
+        }
+        W = dmat_expert(W, e);
         x += (int64_t)(slot / x_div) * ldx;
         yrow = slot;
     }
