@@ -1,6 +1,7 @@
-// test_attn.cu — the tensor-core prefill attention (cuda_attn.cuh) against a
-// double-precision CPU reference, and its speed against k_attn (one split) on the
-// real model's shape. Run on the device: build/cuda-tests/test_attn
+// test_attn.cu — the tensor-core prefill attention (cuda_attn.cuh) and the
+// GQA-packed decode attention (k_attn_dec + k_attn_combine) against a
+// double-precision CPU reference, and their speed against k_attn on the real
+// model's shape. Run on the device: build/cuda-tests/test_attn
 //
 // Every case gets fresh random inputs; the cache rows past pos + T are NaN (the
 // kernel must not read them) and the output is poisoned with NaN before the launch
@@ -208,6 +209,94 @@ static bool run_case(const Case &c, bool timed) {
     return ok;
 }
 
+// Decode (one token at position pos): k_attn_dec over S splits, merged by
+// k_attn_combine, against the same reference; timed at the model's shape
+// against k_attn + k_attn_combine (32 splits, one block per query head).
+static bool run_dec_case(const Case &c, bool timed) {
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, G = nh / nkv, S = ADEC_S;
+    const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
+    const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd;
+    std::vector<float> qg(nq), kc(nkvel), vc(nkvel);
+    for (size_t i = 0; i < nq; i++) qg[i] = i % (2 * (size_t)hd) < (size_t)hd ? urand(3.0f) : urand(4.0f);
+    for (size_t i = 0; i < nkvel; i++) {
+        const bool valid = i / ((size_t)nkv * hd) <= (size_t)pos;
+        kc[i] = valid ? urand(1.5f) : NAN;
+        vc[i] = valid ? urand(1.0f) : NAN;
+    }
+    float *dq, *dk, *dv, *dout, *dpart;
+    int *dpos;
+    CK(cudaMalloc(&dq, nq * 4));
+    CK(cudaMalloc(&dk, nkvel * 4));
+    CK(cudaMalloc(&dv, nkvel * 4));
+    CK(cudaMalloc(&dout, no * 4));
+    CK(cudaMalloc(&dpart, (size_t)nh * S * (hd + 2) * 4));
+    CK(cudaMalloc(&dpos, sizeof(int)));
+    CK(cudaMemcpy(dq, qg.data(), nq * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, kc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, vc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, no * 4));
+    CK(cudaMemset(dpart, 0xFF, (size_t)nh * S * (hd + 2) * 4));
+    const size_t sm = attn_dec_smem(hd);
+    auto run = [&]() {
+        if (hd == 128) k_attn_dec<4><<<dim3((unsigned)nkv, (unsigned)S), 32 * G, sm>>>(dq, dk, dv, dpos, nh, nkv, dpart, S);
+        else k_attn_dec<8><<<dim3((unsigned)nkv, (unsigned)S), 32 * G, sm>>>(dq, dk, dv, dpos, nh, nkv, dpart, S);
+        CK(cudaGetLastError());
+        k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, S, nh, hd, dout);
+        CK(cudaGetLastError());
+    };
+    run();
+    CK(cudaDeviceSynchronize());
+    std::vector<float> got(no);
+    CK(cudaMemcpy(got.data(), dout, no * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> ref(no);
+    Case c1 = c;
+    c1.T = 1;
+    reference(c1, qg, kc, vc, ref);
+    size_t n_nan = 0;
+    const double err = rel_err(got, ref, &n_nan);
+    const bool ok = err <= 1e-4;
+    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err);
+    if (n_nan) printf("  (%zu non-finite / unwritten elements)", n_nan);
+    printf("\n");
+    if (timed && ok) {
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        auto time = [&](auto fn) {
+            std::vector<float> ms;
+            for (int i = 0; i < 3; i++) fn();
+            for (int i = 0; i < 20; i++) {
+                CK(cudaEventRecord(a));
+                fn();
+                CK(cudaEventRecord(b));
+                CK(cudaEventSynchronize(b));
+                float t;
+                CK(cudaEventElapsedTime(&t, a, b));
+                ms.push_back(t);
+            }
+            return median(ms) * 1000.0;
+        };
+        const double tn = time(run);
+        const double tp = time([&]() {
+            k_attn<8><<<dim3((unsigned)nh, 1, 32), 128>>>(dq, dk, dv, dpos, nh, nkv, dout, dpart);
+            k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, 32, nh, hd, dout);
+        });
+        const double bytes = 2.0 * (pos + 1) * nkv * hd * 4;
+        printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V), k_attn + combine %7.2f us: %.1fx\n",
+               tn, bytes / tn * 1e-6, tp, tp / tn);
+        CK(cudaEventDestroy(a));
+        CK(cudaEventDestroy(b));
+    }
+    CK(cudaFree(dq));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    CK(cudaFree(dout));
+    CK(cudaFree(dpart));
+    CK(cudaFree(dpos));
+    return ok;
+}
+
 int main(void) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -226,6 +315,17 @@ int main(void) {
             pass++;
         else
             fail++;
+    }
+    CK(cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)));
+    CK(cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)));
+    // decode: empty splits (pos < S), one partial tile, tile edges, long contexts; GQA groups of 8, 4 and 1
+    for (int pos : {0, 1, 31, 32, 63, 64, 65, 2047, 4095, 32767}) {
+        if (run_dec_case({16, 2, 256, 1, pos}, pos == 4095 || pos == 32767)) pass++;
+        else fail++;
+    }
+    for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}}) {
+        if (run_dec_case(c, false)) pass++;
+        else fail++;
     }
     printf("%s: %d passed, %d failed\n", fail ? "FAIL" : "PASS", pass, fail);
     return fail ? 1 : 0;

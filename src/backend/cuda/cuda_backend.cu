@@ -631,7 +631,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->o, C * VD, err) == 0 && dalloc(s, &s->qg, C * 2 * c->n_heads * c->head_dim, err) == 0 &&
          dalloc(s, &s->kx, C * kvw, err) == 0 && dalloc(s, &s->vx, C * kvw, err) == 0 &&
          dalloc(s, &s->att, C * c->n_heads * c->head_dim, err) == 0 &&
-         dalloc(s, &s->part, (size_t)c->n_heads * ATT_SPLITS * (c->head_dim + 2), err) == 0 &&
+         dalloc(s, &s->part, (size_t)c->n_heads * std::max(ATT_SPLITS, ADEC_S) * (c->head_dim + 2), err) == 0 &&
          dalloc(s, &s->rlog, C * c->n_experts, err) == 0 && dalloc(s, &s->topw, C * K, err) == 0 &&
          dalloc(s, &s->topi, C * K, err) == 0 && dalloc(s, &s->gu, C * K * 2 * c->moe_inter, err) == 0 &&
          dalloc(s, &s->ye, C * K * H, err) == 0 && dalloc(s, &s->shgu, C * 2 * c->shared_inter, err) == 0 &&
@@ -650,7 +650,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
              dalloc(s, &s->tail_done, (size_t)(2 * c->n_layers), err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
-             cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess;
+             cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess &&
+             cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
+             cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess;
     }
     ok = ok && cudaMallocHost((void **)&s->h_pinned, sizeof(int) * (C + 1)) == cudaSuccess &&
          cudaHostAlloc((void **)&s->ring, sizeof(int) * RING, cudaHostAllocMapped) == cudaSuccess &&
@@ -888,16 +890,29 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
-    const int S = ATT_SPLITS;
-    dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
+    const int G = nkv > 0 && nh % nkv == 0 ? nh / nkv : 0;
+    const bool dec = T == 1 && (hd == 128 || hd == 256) && G >= 1 && G <= 8;
+    const int S = dec ? ADEC_S : ATT_SPLITS;
+    if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
+        const dim3 g((unsigned)nkv, (unsigned)S);
+        if (hd == 128)
+            pdl_launch(s, k_attn_dec<4>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kc[(size_t)l],
+                       (const float *)s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S);
+        else
+            pdl_launch(s, k_attn_dec<8>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kc[(size_t)l],
+                       (const float *)s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S);
+        CKL();
+    } else {
+        dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
 #define ATT(DPL) pdl_launch(s, k_attn<DPL>, g, 128, 0, s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, s->att, s->part)
-    switch (hd) {
-    case 64: ATT(2); break;
-    case 128: ATT(4); break;
-    default: ATT(8); break;
-    }
+        switch (hd) {
+        case 64: ATT(2); break;
+        case 128: ATT(4); break;
+        default: ATT(8); break;
+        }
 #undef ATT
-    CKL();
+        CKL();
+    }
     if (S > 1) {
         pdl_launch(s, k_attn_combine, dim3((unsigned)nh, (unsigned)T), 256, 0, s->qg, s->part, S, nh, hd, s->att);
         CKL();

@@ -733,21 +733,135 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
     }
 }
 
-// Merge the split partials of k_attn and apply the output gate. S <= 32: the
-// first warp finds the global max and normaliser, one lane per split.
+// Decode attention for one query token, GQA-packed: block (kv head kh, split
+// s) reads each K/V row of its split once for the G = nh/nkv query heads that
+// share it (warp w: query head kh*G + w). Keys go 32 at a time through shared
+// memory (cp.async, double-buffered; K rows padded so that lane i reading key
+// i's row with 16-byte loads meets no bank conflict). Lane i scores key i, a
+// tile's max and sum are one warp reduction each, and lane i owns output dims
+// 4(i + 32c) .. +3. k_attn read each row once per query head (8 times here,
+// mostly from the L2): at 4k context that L2 traffic, not DRAM, bounded it.
+// Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
+// k_attn_combine; an empty split leaves max -inf and sum 0.
+#define ADEC_TK 32
+#define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
+__host__ __device__ inline size_t attn_dec_smem(int hd) {
+    return sizeof(float) * ((size_t)8 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
+}
+template <int DPL>
+__global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *kc, const float *vc, const int *d_pos,
+                                                     int nh, int nkv, float *part, int S) {
+    static_assert(DPL % 4 == 0, "float4 chunks per lane");
+    constexpr int HD = DPL * 32, KLD = HD + 4, NC = DPL / 4;
+    extern __shared__ __align__(16) float asm_[];
+    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + 2 * ADEC_TK * KLD;
+    const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
+    pdl_wait(); // q and this step's K/V row come from k_attn_prep
+    const int64_t n = (int64_t)*d_pos + 1, kvw = (int64_t)nkv * HD;
+    const int64_t j0 = n * s / S, j1 = n * (s + 1) / S;
+    const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
+    auto load = [&](int it, int b) {
+        const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
+        const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
+        for (int i = tid; i < cnt * (HD / 4); i += nthr) {
+            const int r = i / (HD / 4), c4 = i % (HD / 4);
+            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 4 * c4;
+            cp_async16(ks + ((size_t)b * ADEC_TK + r) * KLD + 4 * c4, kc + src, true);
+            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 4 * c4, vc + src, true);
+        }
+        cp_async_commit();
+    };
+    if (ntile > 0) load(0, 0);
+    const float scale = rsqrtf((float)HD);
+    for (int i = tid; i < G * HD; i += nthr) qs[i] = qg[(int64_t)(kh * G + i / HD) * 2 * HD + i % HD] * scale;
+    const bool active = warp < G;
+    float m = -INFINITY, l = 0.0f;
+    float4 acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; c++) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int it = 0; it < ntile; it++) {
+        const int b = it & 1;
+        if (it + 1 < ntile) load(it + 1, b ^ 1);
+        else cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads(); // tile it (and qs) visible to every warp
+        if (active) {
+            const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
+            const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
+            float sc = -INFINITY;
+            if (lane < cnt) {
+                const float *kr = ks + ((size_t)b * ADEC_TK + lane) * KLD, *q = qs + warp * HD;
+                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < HD; d += 4) {
+                    const float4 kv = *(const float4 *)(kr + d), qv = *(const float4 *)(q + d);
+                    d0 += qv.x * kv.x;
+                    d1 += qv.y * kv.y;
+                    d2 += qv.z * kv.z;
+                    d3 += qv.w * kv.w;
+                }
+                sc = (d0 + d1) + (d2 + d3);
+            }
+            const float mn = fmaxf(m, warp_max(sc)), corr = expf(m - mn); // m = -inf at first: corr 0
+            const float p = lane < cnt ? expf(sc - mn) : 0.0f;
+            l = l * corr + warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < NC; c++) acc[c] = make_float4(acc[c].x * corr, acc[c].y * corr, acc[c].z * corr, acc[c].w * corr);
+            const float *vb = vs + (size_t)b * ADEC_TK * HD + 4 * lane;
+            for (int jj = 0; jj < cnt; jj++) {
+                const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+                for (int c = 0; c < NC; c++) {
+                    const float4 v = *(const float4 *)(vb + (size_t)jj * HD + 128 * c);
+                    acc[c].x += pj * v.x;
+                    acc[c].y += pj * v.y;
+                    acc[c].z += pj * v.z;
+                    acc[c].w += pj * v.w;
+                }
+            }
+            m = mn;
+        }
+        __syncthreads(); // buffer b is refilled next round
+    }
+    cp_async_wait<0>();
+    if (active) {
+        float *pp = part + ((int64_t)(kh * G + warp) * S + s) * (HD + 2);
+#pragma unroll
+        for (int c = 0; c < NC; c++) { // scalar stores: a partial is hd + 2 floats, not 16-byte aligned
+            float *o = pp + 4 * lane + 128 * c;
+            o[0] = acc[c].x;
+            o[1] = acc[c].y;
+            o[2] = acc[c].z;
+            o[3] = acc[c].w;
+        }
+        if (lane == 0) {
+            pp[HD] = m;
+            pp[HD + 1] = l;
+        }
+    }
+}
+
+// Merge the split partials of k_attn / k_attn_dec and apply the output gate
+// (S <= 128): the first warp finds the global max and normaliser.
 __global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
     pdl_wait();
-    __shared__ float wsh[32], Lsh;
+    __shared__ float wsh[128], Lsh;
     const int h = blockIdx.x, t = blockIdx.y;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
     if (threadIdx.x < 32) {
-        const int s = threadIdx.x;
-        const float m = s < S ? pp[s * (hd + 2) + hd] : -INFINITY, l = s < S ? pp[s * (hd + 2) + hd + 1] : 0.0f;
-        const float M = warp_max(m);
-        const float w = m == -INFINITY ? 0.0f : expf(m - M);
-        wsh[s] = w;
-        const float L = warp_sum(l * w);
-        if (s == 0) Lsh = L;
+        float M = -INFINITY;
+        for (int s = threadIdx.x; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int s = threadIdx.x; s < S; s += 32) {
+            const float m = pp[s * (hd + 2) + hd];
+            const float w = m == -INFINITY ? 0.0f : expf(m - M);
+            wsh[s] = w;
+            L += pp[s * (hd + 2) + hd + 1] * w;
+        }
+        L = warp_sum(L);
+        if (threadIdx.x == 0) Lsh = L;
     }
     __syncthreads();
     const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
