@@ -257,6 +257,78 @@ static void test_gemv_multi(void) {
     }
 }
 
+// Expert mode with the router's top-k made in the GEMV's blocks from the
+// logits (tk_logits): the ids and weights block (0,0) leaves for the down
+// projections against a CPU top-k (softmax over all E, the K largest, ties to
+// the lowest index, renormalised when norm), with ties at the top and across
+// the K-th place, and the gate outputs of the experts it picked.
+static void topk_gemv_case(int E, int64_t I, int64_t H, int norm) {
+    const int K = 8;
+    qmat *g = make_qmat(I, H, 4, 64, E);
+    std::vector<float> x = rand_vec((size_t)H, 2.0f), lg = rand_vec((size_t)E, 3.0f);
+    std::vector<int> order((size_t)E);
+    for (int e = 0; e < E; e++) order[(size_t)e] = e;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return lg[(size_t)a] > lg[(size_t)b]; });
+    lg[(size_t)order[1]] = lg[(size_t)order[0]];         // a tie at the top
+    lg[(size_t)order[K]] = lg[(size_t)order[K - 1]];     // a tie across the K-th place
+    double mx = -1e300, sum = 0.0;
+    for (float v : lg) mx = std::max(mx, (double)v);
+    std::vector<double> p((size_t)E);
+    for (int e = 0; e < E; e++) sum += (p[(size_t)e] = exp((double)lg[(size_t)e] - mx));
+    std::vector<int> want;
+    std::vector<bool> used((size_t)E, false);
+    double tot = 0.0;
+    for (int k = 0; k < K; k++) {
+        int b = -1;
+        for (int e = 0; e < E; e++)
+            if (!used[(size_t)e] && (b < 0 || p[(size_t)e] > p[(size_t)b])) b = e;
+        used[(size_t)b] = true;
+        want.push_back(b);
+        tot += p[(size_t)b] / sum;
+    }
+    const std::vector<int> decoy = {0, 1, 2, 3, 4, 5, 6, 7}; // ids the kernel must not use
+    dbuf<float> dx((size_t)H), dy((size_t)(K * I)), dlg((size_t)E), dtw((size_t)K);
+    dbuf<int> dti((size_t)K), dt((size_t)K);
+    dx.put(x);
+    dlg.put(lg);
+    dt.put(decoy);
+    gemv_job j = new_job();
+    j.n = 1;
+    j.W[0] = g->W;
+    j.y[0] = dy.p;
+    j.ldy[0] = I;
+    j.tk_logits = dlg.p;
+    j.tk_E = E;
+    j.tk_K = K;
+    j.tk_norm = norm;
+    j.tk_topi = dti.p;
+    j.tk_topw = dtw.p;
+    launch_gemv(j, XM_PLAIN, dx.p, H, 0, dt.p, K, K);
+    const std::vector<int> got = dti.get();
+    const std::vector<float> gw = dtw.get();
+    double werr = 0.0;
+    bool same = true;
+    for (int k = 0; k < K; k++) {
+        same &= got[(size_t)k] == want[(size_t)k];
+        const double w = p[(size_t)want[(size_t)k]] / sum / (norm ? tot : 1.0);
+        werr = std::max(werr, fabs(gw[(size_t)k] - w));
+    }
+    std::vector<double> ref((size_t)(K * I));
+    for (int k = 0; k < K; k++)
+        for (int64_t r = 0; r < I; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < H; c++) a += (double)g->w(want[(size_t)k], r, c) * x[(size_t)c];
+            ref[(size_t)(k * I + r)] = a;
+        }
+    const double e = rel_err(dy.get(), ref);
+    printf("  gemv experts, top-k made in-kernel (E=%d, norm %d): ids %s, weights max err %.1e, rel err %.2e\n", E, norm,
+           same ? "identical" : "DIFFER", werr, e);
+    CHECKF(same, "in-kernel top-k (E=%d): expert ids differ from the reference", E);
+    CHECKF(werr <= 1e-6, "in-kernel top-k (E=%d): weights off by %.3e", E, werr);
+    CHECKF(e <= BAR, "expert gate, in-kernel top-k (E=%d): rel err %.3e", E, e);
+    delete g;
+}
+
 // Expert mode: gate/up (one input row for every slot, x_div = K) and down
 // (slot k reads row k of a SwiGLU input; with the shared expert's down as a
 // plain matrix computed by slot 0 only, as moe_layer launches it).
@@ -289,65 +361,9 @@ static void test_gemv_experts(void) {
         CHECKF(e <= BAR, "expert gate: rel err %.3e", e);
         delete g;
     }
-    { // gate with the router's top-k made in the GEMV's blocks from the logits (tk_logits)
-        qmat *g = make_qmat(I, H, 4, 64, E);
-        std::vector<float> x = rand_vec((size_t)H, 2.0f), lg = rand_vec((size_t)E, 3.0f);
-        lg[5] = lg[9]; // a tie: the lower index goes first
-        // the reference top-k: softmax over all E, the K largest (ties: lowest index), renormalised
-        double mx = -1e300, sum = 0.0;
-        for (float v : lg) mx = std::max(mx, (double)v);
-        std::vector<double> p((size_t)E);
-        for (int e = 0; e < E; e++) sum += (p[(size_t)e] = exp((double)lg[(size_t)e] - mx));
-        std::vector<int> want;
-        std::vector<bool> used((size_t)E, false);
-        double tot = 0.0;
-        for (int k = 0; k < K; k++) {
-            int b = -1;
-            for (int e = 0; e < E; e++)
-                if (!used[(size_t)e] && (b < 0 || p[(size_t)e] > p[(size_t)b])) b = e;
-            used[(size_t)b] = true;
-            want.push_back(b);
-            tot += p[(size_t)b] / sum;
-        }
-        dbuf<float> dx((size_t)H), dy((size_t)(K * I)), dlg((size_t)E), dtw((size_t)K);
-        dbuf<int> dti((size_t)K);
-        dx.put(x);
-        dlg.put(lg);
-        gemv_job j = new_job();
-        j.n = 1;
-        j.W[0] = g->W;
-        j.y[0] = dy.p;
-        j.ldy[0] = I;
-        j.tk_logits = dlg.p;
-        j.tk_E = E;
-        j.tk_K = K;
-        j.tk_norm = 1;
-        j.tk_topi = dti.p;
-        j.tk_topw = dtw.p;
-        launch_gemv(j, XM_PLAIN, dx.p, H, 0, dt.p, K, K); // dt: ids the kernel must not use
-        const std::vector<int> got = dti.get();
-        const std::vector<float> gw = dtw.get();
-        double werr = 0.0;
-        bool same = true;
-        for (int k = 0; k < K; k++) {
-            same &= got[(size_t)k] == want[(size_t)k];
-            werr = std::max(werr, fabs(gw[(size_t)k] - p[(size_t)want[(size_t)k]] / sum / tot));
-        }
-        std::vector<double> ref((size_t)(K * I));
-        for (int k = 0; k < K; k++)
-            for (int64_t r = 0; r < I; r++) {
-                double a = 0.0;
-                for (int64_t c = 0; c < H; c++) a += (double)g->w(want[(size_t)k], r, c) * x[(size_t)c];
-                ref[(size_t)(k * I + r)] = a;
-            }
-        const double e = rel_err(dy.get(), ref);
-        printf("  gemv experts: gate with the top-k made in-kernel: ids %s, weights max err %.1e, rel err %.2e\n",
-               same ? "identical" : "DIFFER", werr, e);
-        CHECKF(same, "in-kernel top-k: expert ids differ from the reference");
-        CHECKF(werr <= 1e-6, "in-kernel top-k: weights off by %.3e", werr);
-        CHECKF(e <= BAR, "expert gate, in-kernel top-k: rel err %.3e", e);
-        delete g;
-    }
+    topk_gemv_case(16, 512, 2048, 1); // the gate's shape
+    topk_gemv_case(256, 16, 64, 1);   // the router's width: every register of topk_warp<8> holds logits
+    topk_gemv_case(256, 16, 64, 0);   // weights not renormalised
     { // down: slot k's input is silu(gu[k][c]) * gu[k][I + c]; the shared expert's down beside it
         qmat *dn = make_qmat(H, I, 4, 64, E), *sh = make_qmat(H, I, 4, 64);
         std::vector<float> gu = rand_vec((size_t)(K * 2 * I), 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f);

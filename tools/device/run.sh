@@ -40,16 +40,19 @@ step() {  # name cmd...
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 
-if [ "$MODE" = verify ]; then  # the shortest check of a decode change: GEMV kernel tests, whole model, decode at 4k
-    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul > "$LOGS/build.log" 2>&1 ||
-        { tail -20 "$LOGS/build.log"; exit 1; }
-    ./build/cuda-tests/test_matmul --quick 2>&1 | tee "$OUT/test_matmul.log" | grep -E "experts|moe_down|FAIL|passed"
-    [ -d .devdata/tiny ] && ./build/cuda-tests/test_cuda .devdata/tiny --quick 2>&1 | tee "$OUT/test-tiny.log" | grep -E "FAIL|passed"
+if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel tests, whole model, decode at 4k
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul build/cuda-tests/test_attn \
+        > "$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
+    rc=0
+    ./build/cuda-tests/test_matmul --quick > "$OUT/test_matmul.log" 2>&1 || rc=1
+    ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
+    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        ./build/cuda-tests/test_cuda /tmp/syn4 --quick 2>&1 | tee "$OUT/test-real-dims.log" | grep -E "FAIL|passed"
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    grep -h -E "in-kernel|moe_down|decode|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | tee "$OUT/bench.log"
-    exit 0
+    exit $rc
 fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone
     make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }

@@ -38,6 +38,7 @@ extern "C" {
 static const int CHUNK = 2048;  // prefill tokens per pass: bounds activation memory
 static const int RING = 1024;   // decoded ids visible to the host
 static const int ATT_SPLITS = 32;
+static_assert(ATT_SPLITS <= 128, "k_attn_combine merges up to 128 splits");
 
 extern "C" bool lilac_cuda_available(lilac_err *err) {
     int n = 0;

@@ -742,9 +742,10 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 // 4(i + 32c) .. +3. k_attn read each row once per query head (8 times here,
 // mostly from the L2): at 4k context that L2 traffic, not DRAM, bounded it.
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
-// k_attn_combine; an empty split leaves max -inf and sum 0.
+// k_attn_combine; an empty split leaves max -inf and sum 0. G <= 8 (qs holds 8 heads).
 #define ADEC_TK 32
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
+static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
     return sizeof(float) * ((size_t)8 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
 }

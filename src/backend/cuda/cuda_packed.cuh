@@ -184,7 +184,8 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
 // Other matrices (8-bit router and shared-expert gate, bf16 checkpoints, 4-bit
 // with other group sizes) take one row per warp with row_dot (a set of 8 rows).
 // Expert mode (topi != null): blockIdx.y is a routing slot (input row slot /
-// x_div, expert topi[slot]); the output row is the slot. The last block runs
+// x_div, expert topi[slot], or the block's own top-k of job.tk_logits); the
+// output row is the slot. The last block runs
 // the job's tail (gemv_tail).
 template <int XM, int NS>
 __global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
