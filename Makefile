@@ -34,7 +34,7 @@ ifneq ($(NVCC),)
 ifneq ($(CU_SRC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 NVFLAGS := -std=c++17 -O3 -g -lineinfo -MMD -MP -Xcompiler -Wall,-Wextra$(if $(WERROR),$(COMMA)-Werror),-fPIC \
-           -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
+           -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90 $(NVEXTRA)
 CFLAGS  += -DLILAC_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 CU_OBJ  := $(patsubst %.cu,$(BUILD)/%.o,$(CU_SRC))
@@ -71,6 +71,11 @@ $(BUILD)/cuda-tests/%: tests/cuda/%.c $(BUILD)/liblilac.a
 $(BUILD)/cuda-tests/%: tests/cuda/%.cu $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
+
+# bench_gemv with the decode GEMV built for three blocks per SM (GEMV_MINB, cuda_packed.cuh)
+$(BUILD)/cuda-tests/bench_gemv3: tests/cuda/bench_gemv.cu $(BUILD)/liblilac.a
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -DGEMV_MINB=3 -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)

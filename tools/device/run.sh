@@ -54,9 +54,12 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | tee "$OUT/bench.log"
     exit $rc
 fi
-if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone
-    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
+if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM
+    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv build/cuda-tests/bench_gemv3 > "$LOGS/build-gemv.log" 2>&1 ||
+        { tail -20 "$LOGS/build-gemv.log"; exit 1; }
     ./build/cuda-tests/bench_gemv | tee "$OUT/bench-gemv.log"
+    echo "=== GEMV_MINB=3"
+    ./build/cuda-tests/bench_gemv3 | tee "$OUT/bench-gemv3.log"
     exit 0
 fi
 if [ "$MODE" = gemv ]; then

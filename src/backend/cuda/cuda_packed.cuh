@@ -74,7 +74,14 @@ static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / n
 __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
     return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
 }
-#define GEMV_SMEM_STAGES (110u << 10) // weight stages per block: two blocks per SM fit
+// Blocks of k_gemv per SM the compiler budgets registers for (launch bounds).
+// 2: 119 registers, 4 weight stages. 3 (an experiment, bench_gemv3): 80
+// registers and 3 stages, so that with a grid of two per SM the next kernel's
+// block fits beside and issues its copies before its predecessor ends.
+#ifndef GEMV_MINB
+#define GEMV_MINB 2
+#endif
+#define GEMV_SMEM_STAGES (GEMV_MINB >= 3 ? 56u << 10 : 110u << 10) // weight stages per block
 static inline int gemv_stages(int64_t cols, int ns) {
     const size_t per = gemv_stage_u4(cols, ns) * 16;
     const size_t n = GEMV_SMEM_STAGES / per;
@@ -188,7 +195,7 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
 // output row is the slot. The last block runs
 // the job's tail (gemv_tail).
 template <int XM, int NS>
-__global__ void __launch_bounds__(256, 2) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
+__global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff,
                                                     const int *topi, int x_div) {
     constexpr int RBB = 8 / NS;
     extern __shared__ __align__(16) float xs[];
