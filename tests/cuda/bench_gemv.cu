@@ -174,7 +174,8 @@ struct bjob {
     std::vector<std::vector<bmat>> copies; // [copy][matrix]
     std::vector<int> routed;               // per matrix: expert matrix read through topi
     int xm, slots, x_div;
-    int tail; // gemv_tail kind run by the last block (TAIL_TOPK after the router, TAIL_COMBINE after down)
+    int tail; // gemv_tail kind run by the last block (TAIL_COMBINE after down)
+    bool tk;  // expert mode: the router's top-k made by every block from 256 logits (tk_logits)
     int64_t bytes; // per launch
 };
 
@@ -206,6 +207,7 @@ int main(int argc, char **argv) {
                    int x_div, int tail = TAIL_NONE) {
         bjob j;
         j.tail = tail;
+        j.tk = false;
         j.name = name;
         j.routed = routed;
         j.xm = xm;
@@ -227,8 +229,9 @@ int main(int argc, char **argv) {
     add("attn q/k/v (norm)", {{8192, H, 4}, {512, H, 4}, {512, H, 4}}, {0, 0, 0}, XM_NORM, 0, 1);
     add("out_proj 2048x4096 (accum)", {{H, 4096, 4}}, {0}, XM_PLAIN, 0, 1);
     add("router 8b + shared gate/up (norm)", {{E, H, 8}, {I, H, 4}, {I, H, 4}, {1, H, 8}}, {0, 0, 0, 0}, XM_NORM, 0, 1);
-    add("  + top-k tail", {{E, H, 8}, {I, H, 4}, {I, H, 4}, {1, H, 8}}, {0, 0, 0, 0}, XM_NORM, 0, 1, TAIL_TOPK);
     add("experts gate/up, 8 slots", {{I, H, 4}, {I, H, 4}}, {1, 1}, XM_PLAIN, (int)K, (int)K);
+    add("  + top-k made in-kernel", {{I, H, 4}, {I, H, 4}}, {1, 1}, XM_PLAIN, (int)K, (int)K);
+    jobs.back().tk = true;
     add("experts down 8 + shared (swiglu)", {{H, I, 4}, {H, I, 4}}, {1, 0}, XM_SWIGLU, (int)K, 1);
     add("  + combine tail", {{H, I, 4}, {H, I, 4}}, {1, 0}, XM_SWIGLU, (int)K, 1, TAIL_COMBINE);
     add("lm_head (norm)", {{V, H, 4}}, {0}, XM_NORM, 0, 1);
@@ -242,7 +245,8 @@ int main(int argc, char **argv) {
     int *topi = dalloc<int>(NL * K);
     // the tails' buffers: arrival counter, the router's top-k, the residual row the combine adds to
     int *done = dalloc<int>(1), *tk_i = dalloc<int>(K);
-    float *tk_w = dalloc<float>(K), *xres = dalloc<float>(H);
+    float *tk_w = dalloc<float>(K), *xres = dalloc<float>(H), *rlog = dalloc<float>(NL * E);
+    k_fill_f<<<64, 256>>>(rlog, NL * E, 80, 3.0f); // router logits, one row per launch
     CK(cudaMemset(done, 0, sizeof(int)));
     CK(cudaMemset(xres, 0, sizeof(float) * H));
     k_fill_f<<<1, 32>>>(tk_w, K, 79, 0.2f);
@@ -295,14 +299,15 @@ int main(int argc, char **argv) {
         j.eps = 1e-6f;
         j.tail.kind = jb.tail;
         j.tail.done = done;
-        if (jb.tail == TAIL_TOPK) {
-            j.tail.logits = y;
-            j.tail.E = (int)E;
-            j.tail.K = (int)K;
-            j.tail.norm = 1;
-            j.tail.topi = tk_i;
-            j.tail.topw = tk_w;
-        } else if (jb.tail == TAIL_COMBINE) {
+        if (jb.tk) { // logits rotated with the launch, so the experts change as with topi
+            j.tk_logits = rlog + (l % NL) * E;
+            j.tk_E = (int)E;
+            j.tk_K = (int)K;
+            j.tk_norm = 1;
+            j.tk_topi = tk_i;
+            j.tk_topw = tk_w;
+        }
+        if (jb.tail == TAIL_COMBINE) {
             j.tail.x = xres;
             j.tail.ye = y;
             j.tail.shy = y + K * 4096;

@@ -44,6 +44,28 @@ static double median(std::vector<float> v) {
     return v[v.size() / 2];
 }
 
+// Median milliseconds of 20 runs of fn (after 3 warm-ups), timed with events on stream st.
+template <class F>
+static double time_ms(cudaStream_t st, F fn) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int i = 0; i < 3; i++) fn();
+    for (int i = 0; i < 20; i++) {
+        CK(cudaEventRecord(a, st));
+        fn();
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        float t;
+        CK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    return median(ms);
+}
+
 // out[t][h][:] in double, as k_attn: softmax over keys j <= pos + t, gated.
 static void reference(const Case &c, const std::vector<float> &qg, const std::vector<float> &kc,
                       const std::vector<float> &vc, std::vector<double> &ref) {
@@ -148,21 +170,7 @@ static bool run_case(const Case &c, bool timed) {
 
     if (timed && ok) {
         const double flops = 4.0 * T * (pos + (T + 1) / 2.0) * nh * hd;
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        std::vector<float> ms;
-        for (int i = 0; i < 3; i++) CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st));
-        for (int i = 0; i < 20; i++) {
-            CK(cudaEventRecord(a, st));
-            CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st));
-            CK(cudaEventRecord(b, st));
-            CK(cudaEventSynchronize(b));
-            float t;
-            CK(cudaEventElapsedTime(&t, a, b));
-            ms.push_back(t);
-        }
-        const double tn = median(ms);
+        const double tn = time_ms(st, [&]() { CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st)); });
         printf("  time attn_prefill  %8.3f ms  %7.2f TFLOP/s (useful f32-equivalent, median of 20)\n", tn,
                flops / tn * 1e-9);
 
@@ -179,26 +187,12 @@ static bool run_case(const Case &c, bool timed) {
             }
             CK(cudaGetLastError());
         };
-        peer();
-        CK(cudaStreamSynchronize(st));
-        ms.clear();
-        for (int i = 0; i < 20; i++) {
-            CK(cudaEventRecord(a, st));
-            peer();
-            CK(cudaEventRecord(b, st));
-            CK(cudaEventSynchronize(b));
-            float t;
-            CK(cudaEventElapsedTime(&t, a, b));
-            ms.push_back(t);
-        }
-        const double tp = median(ms);
+        const double tp = time_ms(st, peer);
         CK(cudaMemcpy(got.data(), dout2, no * 4, cudaMemcpyDeviceToHost));
         const double perr = rel_err(got, ref, &n_nan);
         printf("  time k_attn (peer) %8.3f ms  %7.2f TFLOP/s  (its max|err|/max|ref| = %.3e)  speed-up %.1fx\n", tp,
                flops / tp * 1e-9, perr, tp / tn);
         CK(cudaFree(dout2));
-        CK(cudaEventDestroy(a));
-        CK(cudaEventDestroy(b));
     }
     CK(cudaStreamDestroy(st));
     CK(cudaFree(dq));
@@ -260,33 +254,14 @@ static bool run_dec_case(const Case &c, bool timed) {
     if (n_nan) printf("  (%zu non-finite / unwritten elements)", n_nan);
     printf("\n");
     if (timed && ok) {
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        auto time = [&](auto fn) {
-            std::vector<float> ms;
-            for (int i = 0; i < 3; i++) fn();
-            for (int i = 0; i < 20; i++) {
-                CK(cudaEventRecord(a));
-                fn();
-                CK(cudaEventRecord(b));
-                CK(cudaEventSynchronize(b));
-                float t;
-                CK(cudaEventElapsedTime(&t, a, b));
-                ms.push_back(t);
-            }
-            return median(ms) * 1000.0;
-        };
-        const double tn = time(run);
-        const double tp = time([&]() {
+        const double tn = time_ms(0, run) * 1000.0;
+        const double tp = time_ms(0, [&]() {
             k_attn<8><<<dim3((unsigned)nh, 1, 32), 128>>>(dq, dk, dv, dpos, nh, nkv, dout, dpart);
             k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, 32, nh, hd, dout);
-        });
+        }) * 1000.0;
         const double bytes = 2.0 * (pos + 1) * nkv * hd * 4;
         printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V), k_attn + combine %7.2f us: %.1fx\n",
                tn, bytes / tn * 1e-6, tp, tp / tn);
-        CK(cudaEventDestroy(a));
-        CK(cudaEventDestroy(b));
     }
     CK(cudaFree(dq));
     CK(cudaFree(dk));

@@ -257,6 +257,18 @@ static void test_gemv_multi(void) {
     }
 }
 
+// Slot k's output rows: expert ids[k] of g times the shared input row x, in double.
+static std::vector<double> experts_ref(const qmat *g, const std::vector<int> &ids, const std::vector<float> &x) {
+    std::vector<double> ref(ids.size() * (size_t)g->rows);
+    for (size_t k = 0; k < ids.size(); k++)
+        for (int64_t r = 0; r < g->rows; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < g->cols; c++) a += (double)g->w(ids[k], r, c) * x[(size_t)c];
+            ref[k * (size_t)g->rows + (size_t)r] = a;
+        }
+    return ref;
+}
+
 // Expert mode with the router's top-k made in the GEMV's blocks from the
 // logits (tk_logits): the ids and weights block (0,0) leaves for the down
 // projections against a CPU top-k (softmax over all E, the K largest, ties to
@@ -313,14 +325,7 @@ static void topk_gemv_case(int E, int64_t I, int64_t H, int norm) {
         const double w = p[(size_t)want[(size_t)k]] / sum / (norm ? tot : 1.0);
         werr = std::max(werr, fabs(gw[(size_t)k] - w));
     }
-    std::vector<double> ref((size_t)(K * I));
-    for (int k = 0; k < K; k++)
-        for (int64_t r = 0; r < I; r++) {
-            double a = 0.0;
-            for (int64_t c = 0; c < H; c++) a += (double)g->w(want[(size_t)k], r, c) * x[(size_t)c];
-            ref[(size_t)(k * I + r)] = a;
-        }
-    const double e = rel_err(dy.get(), ref);
+    const double e = rel_err(dy.get(), experts_ref(g, want, x));
     printf("  gemv experts, top-k made in-kernel (E=%d, norm %d): ids %s, weights max err %.1e, rel err %.2e\n", E, norm,
            same ? "identical" : "DIFFER", werr, e);
     CHECKF(same, "in-kernel top-k (E=%d): expert ids differ from the reference", E);
@@ -349,14 +354,7 @@ static void test_gemv_experts(void) {
         j.y[0] = dy.p;
         j.ldy[0] = I;
         launch_gemv(j, XM_PLAIN, dx.p, H, 0, dt.p, K, K);
-        std::vector<double> ref((size_t)(K * I));
-        for (int k = 0; k < K; k++)
-            for (int64_t r = 0; r < I; r++) {
-                double a = 0.0;
-                for (int64_t c = 0; c < H; c++) a += (double)g->w(topi[(size_t)k], r, c) * x[(size_t)c];
-                ref[(size_t)(k * I + r)] = a;
-            }
-        const double e = rel_err(dy.get(), ref);
+        const double e = rel_err(dy.get(), experts_ref(g, topi, x));
         printf("  gemv experts: gate 8 of 16 experts (512 x 2048), shared input   rel err %.2e\n", e);
         CHECKF(e <= BAR, "expert gate: rel err %.3e", e);
         delete g;

@@ -294,7 +294,7 @@ struct lilac_session {
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
-    int *tail_done; // arrival counters of the GEMV tails (gemv_tail), two per layer
+    int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
     // decode
     int *d_ids, *d_pos, *d_step;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
@@ -649,7 +649,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
-             dalloc(s, &s->tail_done, (size_t)(2 * c->n_layers), err) == 0 &&
+             dalloc(s, &s->tail_done, (size_t)c->n_layers, err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
              cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
@@ -771,7 +771,7 @@ static int matmul(lilac_session *s, const dmat &W, const float *x, int64_t ldx, 
 // the normalised row when later kernels need it). Several tokens: s->xn holds
 // the normalised rows already, one GEMM per matrix.
 static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, int T,
-                      const float *gain, float *xn_out, lilac_err *err, const gemv_tail *tail = nullptr) {
+                      const float *gain, float *xn_out, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
         // one split of xn; one GEMM launch per bit width for the quantized matrices
@@ -795,7 +795,6 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
         return 0;
     }
     gemv_job j = job_of(n, W, y, ldy);
-    if (tail) j.tail = *tail;
     j.gain = gain;
     j.xn_out = xn_out;
     j.eps = s->m->cfg.rms_eps;
@@ -940,7 +939,7 @@ static int moe_down_gemv(lilac_session *s, const dlayer &d, int l, int T, bool &
     if (d.sh_down.cols != I || T > 1) jd.n = 1; // one token only; same widths to share the staging
     if (jd.n == 2) { // the MoE combine in the down GEMV's last block
         jd.tail.kind = TAIL_COMBINE;
-        jd.tail.done = s->tail_done + 2 * l + 1;
+        jd.tail.done = s->tail_done + l;
         jd.tail.x = s->x;
         jd.tail.ye = s->ye;
         jd.tail.shy = s->shy;
@@ -967,26 +966,14 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     float *const Y[4] = {s->rlog, s->shgu, s->shgu + SI, s->sg};
     const int64_t LD[4] = {E, 2 * SI, 2 * SI, 1};
     const bool grouped = slots > 64;
-    // One token: the routed gate/up GEMV's blocks make the top-k themselves from the
-    // logits (K <= 8: tk_pro); else the router GEMV's last block does (gemv_tail).
+    // One token: the routed gate/up GEMV's blocks make the top-k themselves from
+    // the logits (tk_pro); otherwise a top-k kernel.
     const bool tk_pro = T == 1 && E <= 256 && K <= 8;
-    gemv_tail tk;
-    memset(&tk, 0, sizeof tk);
-    if (T == 1 && E <= 256 && !tk_pro) {
-        tk.kind = TAIL_TOPK;
-        tk.done = s->tail_done + 2 * l;
-        tk.logits = s->rlog;
-        tk.E = E;
-        tk.K = K;
-        tk.norm = c->norm_topk;
-        tk.topi = s->topi;
-        tk.topw = s->topw;
-    }
-    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err, &tk) < 0) return -1;
+    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
     prof_mark(s, PH_MOE_ROUTE);
     bool shared_done = false, combined = false;
-    if (tk_pro || tk.kind != TAIL_NONE) {
-        // in the gate/up GEMV below, or done
+    if (tk_pro) {
+        // in the gate/up GEMV below
     } else if (E <= 32)
         pdl_launch(s, k_topk_reg<1>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
     else if (E <= 64)

@@ -61,18 +61,15 @@ enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
 // every block while staging; block (0,0) also writes it to xn_out when given.
 // One-token work that needs every output of a GEMV launch, done by the block
 // that finishes last (it sees the arrival counter reach the grid size): the
-// router's top-k after the router GEMV, the MoE combine after the down GEMV.
-// Saves a dependent launch each (decode is bound by the number of kernels).
-enum { TAIL_NONE = 0, TAIL_TOPK = 1, TAIL_COMBINE = 2 };
+// MoE combine after the down GEMV, where k_moe_down cannot serve (unpacked
+// experts, or a shared expert of another width).
+enum { TAIL_NONE = 0, TAIL_COMBINE = 1 };
 struct gemv_tail {
     int kind;
     int *done; // arrival counter, zero between launches (the last block resets it)
-    // top-k: logits[E] -> topi/topw[K] (E <= 256)
-    const float *logits;
-    int E, K, norm;
-    int *topi;
-    float *topw;
     // combine: x[h] += sigmoid(sg[0]) shy[h] + sum_k topw[k] ye[k*H + h]
+    int K;
+    const float *topw;
     float *x;
     const float *ye, *shy, *sg;
     int64_t H;
@@ -1060,15 +1057,11 @@ __device__ __forceinline__ void gemv_tail_run(const gemv_tail &tl) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (tl.kind == TAIL_TOPK) {
-        if (threadIdx.x < 32) topk_warp<8>(tl.logits, tl.E, tl.K, tl.norm, tl.topi, tl.topw, nullptr, 0);
-    } else {
-        const float gs = 1.0f / (1.0f + expf(-__ldcg(tl.sg)));
-        for (int64_t h = threadIdx.x; h < tl.H; h += blockDim.x) {
-            float a = gs * __ldcg(tl.shy + h);
-            for (int k = 0; k < tl.K; k++) a += tl.topw[k] * __ldcg(tl.ye + (int64_t)k * tl.H + h);
-            tl.x[h] += a;
-        }
+    const float gs = 1.0f / (1.0f + expf(-__ldcg(tl.sg)));
+    for (int64_t h = threadIdx.x; h < tl.H; h += blockDim.x) {
+        float a = gs * __ldcg(tl.shy + h);
+        for (int k = 0; k < tl.K; k++) a += tl.topw[k] * __ldcg(tl.ye + (int64_t)k * tl.H + h);
+        tl.x[h] += a;
     }
     if (threadIdx.x == 0) *tl.done = 0;
 }
