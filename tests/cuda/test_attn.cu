@@ -15,25 +15,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "cuda_test.h"
 #include "backend/cuda/cuda_attn.cuh"
 #include "backend/cuda/cuda_kernels.cuh"
-
-#define CK(x)                                                                                                  \
-    do {                                                                                                       \
-        cudaError_t e_ = (x);                                                                                  \
-        if (e_ != cudaSuccess) {                                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                \
-            exit(2);                                                                                           \
-        }                                                                                                      \
-    } while (0)
-
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static float urand(float a) { // uniform in [-a, a)
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return a * (float)((double)(rng >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-}
 
 struct Case {
     int nh, nkv, hd, T, pos;
@@ -123,12 +107,12 @@ static bool run_case(const Case &c, bool timed) {
     std::vector<float> qg(nq), kc(nkvel), vc(nkvel);
     for (size_t i = 0; i < nq; i++) {
         const size_t d = i % (2 * (size_t)hd);
-        qg[i] = d < (size_t)hd ? urand(3.0f) : urand(4.0f); // query, gate
+        qg[i] = d < (size_t)hd ? rnd_sym(3.0f) : rnd_sym(4.0f); // query, gate
     }
     for (size_t i = 0; i < nkvel; i++) {
         const bool valid = i / ((size_t)nkv * hd) < (size_t)pos + T;
-        kc[i] = valid ? urand(1.5f) : NAN;
-        vc[i] = valid ? urand(1.0f) : NAN;
+        kc[i] = valid ? rnd_sym(1.5f) : NAN;
+        vc[i] = valid ? rnd_sym(1.0f) : NAN;
     }
     float *dq, *dk, *dv, *dout;
     int *dpos;
@@ -211,11 +195,11 @@ static bool run_dec_case(const Case &c, bool timed) {
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
     const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd;
     std::vector<float> qg(nq), kc(nkvel), vc(nkvel);
-    for (size_t i = 0; i < nq; i++) qg[i] = i % (2 * (size_t)hd) < (size_t)hd ? urand(3.0f) : urand(4.0f);
+    for (size_t i = 0; i < nq; i++) qg[i] = i % (2 * (size_t)hd) < (size_t)hd ? rnd_sym(3.0f) : rnd_sym(4.0f);
     for (size_t i = 0; i < nkvel; i++) {
         const bool valid = i / ((size_t)nkv * hd) <= (size_t)pos;
-        kc[i] = valid ? urand(1.5f) : NAN;
-        vc[i] = valid ? urand(1.0f) : NAN;
+        kc[i] = valid ? rnd_sym(1.5f) : NAN;
+        vc[i] = valid ? rnd_sym(1.0f) : NAN;
     }
     float *dq, *dk, *dv, *dout, *dpart;
     int *dpos;

@@ -504,7 +504,9 @@ static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, in
     const int64_t cols = j.W[0].cols;
     j.stages = gemv_stages(cols, ns);
     const dim3 g((unsigned)j.start[j.n], (unsigned)ys);
-    const size_t sm = gemv_xsmem(cols) + (size_t)j.stages * gemv_stage_u4(cols, ns) * 16;
+    bool packed = false; // weight stages only for jobs with a packed matrix (bf16 checkpoints have none)
+    for (int i = 0; i < j.n; i++) packed |= j.W[i].pk != nullptr;
+    const size_t sm = gemv_xsmem(cols) + (packed ? (size_t)j.stages * gemv_stage_u4(cols, ns) * 16 : 0);
 #define GEMV_GO(XM, NS) return gemv_go<XM, NS>(st, pdl, g, sm, j, x, ldx, xoff, topi, x_div)
 #define GEMV_NS_SWITCH(XM)                 \
     switch (ns) {                          \
