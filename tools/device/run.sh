@@ -51,7 +51,7 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
     grep -h -E "in-kernel|moe_down|decode|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
-        ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | tee "$OUT/bench.log"
+        ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM
