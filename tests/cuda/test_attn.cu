@@ -187,21 +187,43 @@ static bool run_case(const Case &c, bool timed) {
     return ok;
 }
 
+// RMSNorm (gain g) then NeoX RoPE on the first rd dims at position pos, in
+// double, as the CPU reference's attention does to q and k (inv_freq in f32).
+static void norm_rope_ref(const float *x, const std::vector<float> &g, int hd, int rd, int pos,
+                          const std::vector<float> &inv_freq, double eps, double *y) {
+    double ss = 0.0;
+    for (int i = 0; i < hd; i++) ss += (double)x[i] * x[i];
+    const double inv = 1.0 / sqrt(ss / hd + eps);
+    for (int i = 0; i < hd; i++) y[i] = x[i] * inv * g[(size_t)i];
+    for (int i = 0; i < rd / 2; i++) {
+        const double ang = (double)(float)((float)pos * inv_freq[(size_t)i]), a = y[i], b = y[i + rd / 2];
+        y[i] = a * cos(ang) - b * sin(ang);
+        y[i + rd / 2] = b * cos(ang) + a * sin(ang);
+    }
+}
+
 // Decode (one token at position pos): k_attn_dec over S splits, merged by
 // k_attn_combine, against the same reference; timed at the model's shape
 // against k_attn + k_attn_combine (32 splits, one block per query head).
+// k_attn_dec also norms and ropes the token's raw q and k (rotary dims hd/4,
+// theta 1e7, as the model) and writes its K/V row, which starts as NaN: the
+// row is checked, and the output through it.
 static bool run_dec_case(const Case &c, bool timed) {
-    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, G = nh / nkv, S = ADEC_S;
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, G = nh / nkv, S = ADEC_S, rd = hd / 4;
+    const float eps = 1e-6f;
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
-    const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd;
-    std::vector<float> qg(nq), kc(nkvel), vc(nkvel);
+    const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd, kvw = (size_t)nkv * hd;
+    std::vector<float> qg(nq), kc(nkvel), vc(nkvel), kx(kvw), vx(kvw), qn((size_t)hd), kn((size_t)hd), invf((size_t)rd / 2);
     for (size_t i = 0; i < nq; i++) qg[i] = i % (2 * (size_t)hd) < (size_t)hd ? rnd_sym(3.0f) : rnd_sym(4.0f);
     for (size_t i = 0; i < nkvel; i++) {
-        const bool valid = i / ((size_t)nkv * hd) <= (size_t)pos;
+        const bool valid = i / kvw < (size_t)pos; // row pos: written by the kernel
         kc[i] = valid ? rnd_sym(1.5f) : NAN;
         vc[i] = valid ? rnd_sym(1.0f) : NAN;
     }
-    float *dq, *dk, *dv, *dout, *dpart;
+    for (size_t i = 0; i < kvw; i++) { kx[i] = rnd_sym(2.0f); vx[i] = rnd_sym(1.0f); }
+    for (int i = 0; i < hd; i++) { qn[(size_t)i] = 1.0f + rnd_sym(0.5f); kn[(size_t)i] = 1.0f + rnd_sym(0.5f); }
+    for (int i = 0; i < rd / 2; i++) invf[(size_t)i] = (float)pow(1e7, -2.0 * i / rd);
+    float *dq, *dk, *dv, *dout, *dpart, *dkx, *dvx, *dqn, *dkn, *dinvf;
     int *dpos;
     CK(cudaMalloc(&dq, nq * 4));
     CK(cudaMalloc(&dk, nkvel * 4));
@@ -209,33 +231,63 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMalloc(&dout, no * 4));
     CK(cudaMalloc(&dpart, (size_t)nh * S * (hd + 2) * 4));
     CK(cudaMalloc(&dpos, sizeof(int)));
+    CK(cudaMalloc(&dkx, kvw * 4));
+    CK(cudaMalloc(&dvx, kvw * 4));
+    CK(cudaMalloc(&dqn, (size_t)hd * 4));
+    CK(cudaMalloc(&dkn, (size_t)hd * 4));
+    CK(cudaMalloc(&dinvf, (size_t)rd / 2 * 4));
     CK(cudaMemcpy(dq, qg.data(), nq * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dk, kc.data(), nkvel * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dv, vc.data(), nkvel * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dkx, kx.data(), kvw * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dvx, vx.data(), kvw * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dqn, qn.data(), (size_t)hd * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dkn, kn.data(), (size_t)hd * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dinvf, invf.data(), (size_t)rd / 2 * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xFF, no * 4));
     CK(cudaMemset(dpart, 0xFF, (size_t)nh * S * (hd + 2) * 4));
     const size_t sm = attn_dec_smem(hd);
     auto run = [&]() {
-        if (hd == 128) k_attn_dec<4><<<dim3((unsigned)nkv, (unsigned)S), 32 * G, sm>>>(dq, dk, dv, dpos, nh, nkv, dpart, S);
-        else k_attn_dec<8><<<dim3((unsigned)nkv, (unsigned)S), 32 * G, sm>>>(dq, dk, dv, dpos, nh, nkv, dpart, S);
+        const dim3 g((unsigned)nkv, (unsigned)S);
+        if (hd == 128)
+            k_attn_dec<4><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
+        else k_attn_dec<8><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
         CK(cudaGetLastError());
         k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, S, nh, hd, dout);
         CK(cudaGetLastError());
     };
     run();
     CK(cudaDeviceSynchronize());
-    std::vector<float> got(no);
+    std::vector<float> got(no), krow(kvw), vrow(kvw);
     CK(cudaMemcpy(got.data(), dout, no * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(krow.data(), dk + (size_t)pos * kvw, kvw * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vrow.data(), dv + (size_t)pos * kvw, kvw * 4, cudaMemcpyDeviceToHost));
+    // the reference's inputs: q normed and roped in place, row pos of the cache from k and v
+    std::vector<double> y((size_t)hd), krow_ref(kvw);
+    for (int h = 0; h < nh; h++) {
+        float *q = &qg[(size_t)h * 2 * hd];
+        norm_rope_ref(q, qn, hd, rd, pos, invf, eps, y.data());
+        for (int i = 0; i < hd; i++) q[i] = (float)y[(size_t)i];
+    }
+    for (int h = 0; h < nkv; h++) {
+        norm_rope_ref(&kx[(size_t)h * hd], kn, hd, rd, pos, invf, eps, &krow_ref[(size_t)h * hd]);
+        for (int i = 0; i < hd; i++) {
+            kc[(size_t)pos * kvw + (size_t)h * hd + i] = (float)krow_ref[(size_t)h * hd + i];
+            vc[(size_t)pos * kvw + (size_t)h * hd + i] = vx[(size_t)h * hd + i];
+        }
+    }
     std::vector<double> ref(no);
     Case c1 = c;
     c1.T = 1;
     reference(c1, qg, kc, vc, ref);
-    size_t n_nan = 0;
-    const double err = rel_err(got, ref, &n_nan);
-    const bool ok = err <= 1e-4;
-    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err);
-    if (n_nan) printf("  (%zu non-finite / unwritten elements)", n_nan);
+    size_t n_nan = 0, row_nan = 0;
+    const double err = rel_err(got, ref, &n_nan), kerr = rel_err(krow, krow_ref, &row_nan);
+    const bool vok = memcmp(vrow.data(), vx.data(), kvw * 4) == 0;
+    const bool ok = err <= 1e-4 && kerr <= 1e-5 && vok;
+    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e, V row %s", ok ? "PASS" : "FAIL",
+           nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG");
+    if (n_nan || row_nan) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan);
     printf("\n");
     if (timed && ok) {
         const double tn = time_ms(0, run) * 1000.0;
@@ -253,6 +305,11 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaFree(dout));
     CK(cudaFree(dpart));
     CK(cudaFree(dpos));
+    CK(cudaFree(dkx));
+    CK(cudaFree(dvx));
+    CK(cudaFree(dqn));
+    CK(cudaFree(dkn));
+    CK(cudaFree(dinvf));
     return ok;
 }
 

@@ -378,6 +378,12 @@ static int64_t ref_argmax(const std::vector<float> &v) {
 static void test_argmax(void) {
     const int64_t Vs[] = {1, 31, 32, 1000, 1024, 1025, 8192, 248320};
     dbuf<int> next(1), ring(8), step(1), pos(1);
+    dbuf<unsigned long long> best(1);
+    dbuf<unsigned> arrived(1);
+    best.fill_bytes(0);
+    arrived.fill_bytes(0);
+    // the backend's grid, then one block and the most blocks (one logit or none for some)
+    auto grid = [](int64_t V, int pt) { return pt % 3 == 0 ? argmax_blocks(V) : pt % 3 == 1 ? 1u : 512u; };
     int runs = 0, bad = 0;
     for (int64_t V : Vs) {
         dbuf<float> lg((size_t)V);
@@ -416,9 +422,11 @@ static void test_argmax(void) {
             pos.put(&pos0);
             ring.fill_bytes(0xff);
             const bool with_ring = pt % 2 == 0;
-            k_argmax<<<1, 1024>>>(lg.p, V, next.p, with_ring ? ring.p : nullptr, 8, with_ring ? step.p : nullptr,
-                                  with_ring ? pos.p : nullptr);
+            k_argmax<<<grid(V, pt), ARGMAX_THREADS>>>(lg.p, V, next.p, with_ring ? ring.p : nullptr, 8,
+                                                     with_ring ? step.p : nullptr, with_ring ? pos.p : nullptr, best.p, arrived.p);
             CKL();
+            // the scratch words are back at zero for the next launch
+            CHECKF(best.get()[0] == 0 && arrived.get()[0] == 0, "argmax V=%lld case %d: scratch not reset", (long long)V, pt);
             const int want = (int)ref_argmax(v), got = next.get()[0];
             const std::vector<int> r = ring.get();
             const int st = step.get()[0], ps = pos.get()[0];
@@ -442,7 +450,7 @@ static void test_argmax(void) {
         dbuf<float> lg((size_t)V);
         std::vector<float> v((size_t)V, nan ? NAN : -INFINITY);
         lg.put(v);
-        k_argmax<<<1, 1024>>>(lg.p, V, next.p, nullptr, 8, nullptr, nullptr);
+        k_argmax<<<argmax_blocks(V), ARGMAX_THREADS>>>(lg.p, V, next.p, nullptr, 8, nullptr, nullptr, best.p, arrived.p);
         CKL();
         const int got = next.get()[0];
         CHECKF(got == (int)ref_argmax(v), "argmax over all %s logits: id %d (want %d)", nan ? "NaN" : "-inf", got,

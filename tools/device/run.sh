@@ -42,14 +42,16 @@ step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { p
 
 if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel tests, whole model, decode at 4k
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul build/cuda-tests/test_attn \
-        > "$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
+        build/cuda-tests/test_kernels build/cuda-tests/test_gdn > "$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
     rc=0
+    ./build/cuda-tests/test_kernels > "$OUT/test_kernels.log" 2>&1 || rc=1
+    ./build/cuda-tests/test_gdn > "$OUT/test_gdn.log" 2>&1 || rc=1
     ./build/cuda-tests/test_matmul --quick > "$OUT/test_matmul.log" 2>&1 || rc=1
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
-    grep -h -E "in-kernel|moe_down|decode|FAIL|passed" "$OUT"/test*.log
+    grep -h -E "in-kernel|moe_down|decode|FAIL|passed|argmax" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     exit $rc

@@ -297,6 +297,9 @@ struct lilac_session {
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
     // decode
     int *d_ids, *d_pos, *d_step;
+    unsigned long long *amax_best; // k_argmax's running best key and arrival count (zero between launches)
+    unsigned *amax_arrived;
+    float *inv_freq; // RoPE frequencies [rotary_dim / 2], as the CPU reference computes them
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int n_sm;        // multiprocessors, to size GEMV grids
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
@@ -640,7 +643,14 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->counts, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->offs, (size_t)c->n_experts + 1, err) == 0 &&
          dalloc(s, &s->cursor, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->sorted, C * K, err) == 0 &&
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
-         dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0;
+         dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0 &&
+         dalloc(s, &s->amax_best, 1, err) == 0 && dalloc(s, &s->amax_arrived, 1, err) == 0 &&
+         dalloc(s, &s->inv_freq, (size_t)c->rotary_dim / 2, err) == 0;
+    if (ok) {
+        std::vector<float> f((size_t)c->rotary_dim / 2);
+        for (size_t i = 0; i < f.size(); i++) f[i] = (float)pow(c->rope_theta, -2.0 * (double)i / c->rotary_dim);
+        ok = cudaMemcpy(s->inv_freq, f.data(), sizeof(float) * f.size(), cudaMemcpyHostToDevice) == cudaSuccess;
+    }
     s->logits_rows = 0;
     {
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
@@ -881,26 +891,28 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
     if (input_mats(s, 3, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_ATTN_PROJ);
-    pdl_launch(s, k_attn_prep, dim3((unsigned)T, (unsigned)(nh + nkv)), 32, hd * sizeof(float), 
-        s->qg, s->kx, s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, nh, nkv, hd,
-        c->rotary_dim, c->rope_theta, c->rms_eps);
-    CKL();
+    const int G = nkv > 0 && nh % nkv == 0 ? nh / nkv : 0;
+    const bool dec = T == 1 && (hd == 128 || hd == 256) && G >= 1 && G <= 8;
+    if (!dec) { // (k_attn_dec norms and ropes its own token)
+        pdl_launch(s, k_attn_prep, dim3((unsigned)T, (unsigned)(nh + nkv)), 32, 0, s->qg, (const float *)s->kx,
+                   (const float *)s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv,
+                   hd, c->rotary_dim, (const float *)s->inv_freq, c->rms_eps);
+        CKL();
+    }
     if (T > 1) { // prefill: tensor-core flash attention (cuda_attn.cuh)
         CK(attn_prefill_launch(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, T, nh, nkv, hd, s->att, s->st));
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
-    const int G = nkv > 0 && nh % nkv == 0 ? nh / nkv : 0;
-    const bool dec = T == 1 && (hd == 128 || hd == 256) && G >= 1 && G <= 8;
     const int S = dec ? ADEC_S : ATT_SPLITS;
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
-        if (hd == 128)
-            pdl_launch(s, k_attn_dec<4>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kc[(size_t)l],
-                       (const float *)s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S);
-        else
-            pdl_launch(s, k_attn_dec<8>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kc[(size_t)l],
-                       (const float *)s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S);
+#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
+                            (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->inv_freq, c->rotary_dim, c->rms_eps, \
+                            s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S)
+        if (hd == 128) DEC(4);
+        else DEC(8);
+#undef DEC
         CKL();
     } else {
         dim3 g((unsigned)nh, (unsigned)T, (unsigned)S);
@@ -1137,7 +1149,8 @@ static int decode_pass(lilac_session *s, bool pick, lilac_err *err) {
     }
     if (run_layers(s, 1, err) < 0 || head(s, 0, 1, err) < 0) return -1;
     if (pick) {
-        pdl_launch(s, k_argmax, 1, 1024, 0, s->logits, s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos);
+        pdl_launch(s, k_argmax, argmax_blocks(s->m->cfg.vocab), ARGMAX_THREADS, 0, (const float *)s->logits,
+                   (int64_t)s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos, s->amax_best, s->amax_arrived);
         CKL();
     }
     return 0;

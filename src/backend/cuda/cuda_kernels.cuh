@@ -631,40 +631,45 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 
 // ---------------------------------------------------------------- gated attention
 
-// q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
-// head h - nh and both k and v into the cache at position pos + t. Grid (T,
-// nh + nkv), one warp each.
-__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
-                            float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, double theta, float eps) {
-    pdl_wait();
-    extern __shared__ float sb[]; // [hd]
-    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
-    const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
-    const bool isq = h < nh;
-    const float *src = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kx + t * kvw + (int64_t)(h - nh) * hd;
-    float *dst = isq ? qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd : kc + p * kvw + (int64_t)(h - nh) * hd;
-    const float *g = isq ? qn : kn;
+// One head row through RMSNorm (gain g) and NeoX RoPE on its first rd dims at
+// position pos, times mul, by one warp: dst may be src (each lane writes only
+// the pair (i, i + rd/2) or the element it read). inv_freq[i] = theta^(-2i/rd)
+// in f32, as the CPU reference computes it once per session.
+__device__ __forceinline__ void warp_norm_rope(const float *src, const float *g, int hd, int rd, int64_t pos,
+                                               const float *inv_freq, float eps, float mul, float *dst) {
+    const int lane = threadIdx.x & 31, half = rd / 2;
     float ss = 0.0f;
     for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
-    ss = warp_sum(ss);
-    const float inv = rsqrtf(ss / (float)hd + eps);
-    for (int i = lane; i < hd; i += 32) sb[i] = src[i] * inv * g[i];
-    __syncwarp();
-    const int half = rd / 2;
+    const float inv = rsqrtf(warp_sum(ss) / (float)hd + eps);
     for (int i = lane; i < hd; i += 32) {
-        float v = sb[i];
-        if (i < rd) {
-            const int fi = i < half ? i : i - half;
-            const float inv_freq = (float)pow(theta, -2.0 * fi / rd);
+        if (i < half) {
+            const float a = src[i] * inv * g[i], b = src[i + half] * inv * g[i + half];
             float sn, cs;
-            sincosf((float)p * inv_freq, &sn, &cs);
-            v = i < half ? sb[i] * cs - sb[i + half] * sn : sb[i] * cs + sb[i - half] * sn;
+            sincosf((float)pos * inv_freq[i], &sn, &cs);
+            dst[i] = (a * cs - b * sn) * mul;
+            dst[i + half] = (b * cs + a * sn) * mul;
+        } else if (i >= rd) {
+            dst[i] = src[i] * inv * g[i] * mul;
         }
-        dst[i] = v;
     }
-    if (!isq)
-        for (int i = lane; i < hd; i += 32)
-            vc[p * kvw + (int64_t)(h - nh) * hd + i] = vx[t * kvw + (int64_t)(h - nh) * hd + i];
+}
+
+// q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
+// head h - nh and both k and v into the cache at position pos + t. Grid (T,
+// nh + nkv), one warp each. (One decode token: k_attn_dec does this itself.)
+__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
+                            float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, const float *inv_freq, float eps) {
+    pdl_wait();
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
+    if (h < nh) {
+        float *q = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd;
+        warp_norm_rope(q, qn, hd, rd, p, inv_freq, eps, 1.0f, q);
+        return;
+    }
+    const int64_t o = (int64_t)(h - nh) * hd;
+    warp_norm_rope(kx + t * kvw + o, kn, hd, rd, p, inv_freq, eps, 1.0f, kc + p * kvw + o);
+    for (int i = lane; i < hd; i += 32) vc[p * kvw + o + i] = vx[t * kvw + o + i];
 }
 
 // Causal attention of token t, head h over keys [0, pos + t], split over
@@ -746,17 +751,22 @@ static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
     return sizeof(float) * ((size_t)8 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
 }
+// It also does k_attn_prep's work for its token: every block norms and ropes
+// its G query heads into shared memory (from qg's raw query half), and the
+// last split, the one holding position p, writes p's K/V row before it loads
+// its keys.
 template <int DPL>
-__global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *kc, const float *vc, const int *d_pos,
-                                                     int nh, int nkv, float *part, int S) {
+__global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
+                                                     const float *kn, const float *inv_freq, int rd, float eps, float *kc,
+                                                     float *vc, const int *d_pos, int nh, int nkv, float *part, int S) {
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
     constexpr int HD = DPL * 32, KLD = HD + 4, NC = DPL / 4;
     extern __shared__ __align__(16) float asm_[];
     float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + 2 * ADEC_TK * KLD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
-    pdl_wait(); // q and this step's K/V row come from k_attn_prep
-    const int64_t n = (int64_t)*d_pos + 1, kvw = (int64_t)nkv * HD;
+    pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
+    const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
     const int64_t j0 = n * s / S, j1 = n * (s + 1) / S;
     const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
     auto load = [&](int it, int b) {
@@ -770,9 +780,17 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         }
         cp_async_commit();
     };
-    if (ntile > 0) load(0, 0);
-    const float scale = rsqrtf((float)HD);
-    for (int i = tid; i < G * HD; i += nthr) qs[i] = qg[(int64_t)(kh * G + i / HD) * 2 * HD + i % HD] * scale;
+    const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
+    if (!last && ntile > 0) load(0, 0);
+    if (warp < G) warp_norm_rope(qg + (int64_t)(kh * G + warp) * 2 * HD, qn, HD, rd, p, inv_freq, eps, rsqrtf((float)HD),
+                                 qs + warp * HD);
+    if (last) {
+        if (warp == 0) warp_norm_rope(kx + (int64_t)kh * HD, kn, HD, rd, p, inv_freq, eps, 1.0f, kc + p * kvw + (int64_t)kh * HD);
+        for (int i = tid; i < HD; i += nthr) vc[p * kvw + (int64_t)kh * HD + i] = vx[(int64_t)kh * HD + i];
+        __threadfence(); // the row is in global memory before any thread's cp.async reads it back
+        __syncthreads();
+        load(0, 0);
+    }
     const bool active = warp < G;
     float m = -INFINITY, l = 0.0f;
     float4 acc[NC];
@@ -841,33 +859,44 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
 }
 
 // Merge the split partials of k_attn / k_attn_dec and apply the output gate
-// (S <= 128): the first warp finds the global max and normaliser.
-__global__ void k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
+// (hd a multiple of 32, <= 256). Every warp finds the global max M and
+// normaliser itself, then sums the splits s = warp, warp + nw, ... for lane's
+// dims; the warps' sums meet in shared memory. (One warp looping over all the
+// splits took 17 us at 64 splits: one dependent L2 round trip per few splits.)
+__global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
     pdl_wait();
-    __shared__ float wsh[128], Lsh;
-    const int h = blockIdx.x, t = blockIdx.y;
+    __shared__ float red[8 * 256];
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const int nc = hd / 32;
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
-    if (threadIdx.x < 32) {
-        float M = -INFINITY;
-        for (int s = threadIdx.x; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
-        M = warp_max(M);
-        float L = 0.0f;
-        for (int s = threadIdx.x; s < S; s += 32) {
-            const float m = pp[s * (hd + 2) + hd];
-            const float w = m == -INFINITY ? 0.0f : expf(m - M);
-            wsh[s] = w;
-            L += pp[s * (hd + 2) + hd + 1] * w;
-        }
-        L = warp_sum(L);
-        if (threadIdx.x == 0) Lsh = L;
+    float M = -INFINITY;
+    for (int s = lane; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = lane; s < S; s += 32) {
+        const float m = pp[s * (hd + 2) + hd];
+        L += m == -INFINITY ? 0.0f : pp[s * (hd + 2) + hd + 1] * expf(m - M);
     }
+    L = warp_sum(L);
+    float acc[8];
+#pragma unroll
+    for (int c = 0; c < 8; c++) acc[c] = 0.0f;
+    for (int s = warp; s < S; s += nw) {
+        const float *ps = pp + s * (hd + 2);
+        const float m = ps[hd], w = m == -INFINITY ? 0.0f : expf(m - M);
+#pragma unroll
+        for (int c = 0; c < 8; c++)
+            if (c < nc) acc[c] += w * ps[lane + 32 * c];
+    }
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+        if (c < nc) red[warp * hd + lane + 32 * c] = acc[c];
     __syncthreads();
     const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
-    const float invL = 1.0f / Lsh;
+    const float invL = 1.0f / L;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < S; s++) a += pp[s * (hd + 2) + d] * wsh[s];
+        for (int w = 0; w < nw; w++) a += red[w * hd + d];
         out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a * invL / (1.0f + expf(-gate[d]));
     }
 }
@@ -1018,31 +1047,56 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
 
 // Greedy pick over the vocabulary (ties: lowest id). Writes the token as the
 // next step's input, into the host-visible ring, and advances the position.
-__global__ void k_argmax(const float *logits, int64_t V, int *next_id, int *ring, int ring_size, int *d_step,
-                         int *d_pos) {
+// Many blocks (one block took 22 us for 248k logits): each folds its best
+// (value, id) into *best as one 64-bit key, order-preserving float bits over
+// the complement of the id, so atomicMax keeps the largest value and, among
+// equals, the lowest id; the last block to arrive (*arrived) writes the token
+// and resets both words for the next launch. NaN and -inf are never picked;
+// with nothing else the pick is token 0, as the CPU reference.
+#define ARGMAX_THREADS 256
+__global__ void __launch_bounds__(ARGMAX_THREADS) k_argmax(const float *logits, int64_t V, int *next_id, int *ring,
+                                                          int ring_size, int *d_step, int *d_pos,
+                                                          unsigned long long *best, unsigned *arrived) {
     pdl_wait();
-    __shared__ float bv[32];
-    __shared__ int64_t bi[32];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    __shared__ float bv[ARGMAX_THREADS / 32];
+    __shared__ int64_t bi[ARGMAX_THREADS / 32];
+    __shared__ bool last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     float v = -INFINITY;
     int64_t idx = 0x7fffffffffffll;
-    for (int64_t i = tid; i < V; i += blockDim.x)
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + tid; i < V; i += (int64_t)gridDim.x * blockDim.x)
         if (logits[i] > v) { v = logits[i]; idx = i; }
     warp_argmax(v, idx);
     if (lane == 0) { bv[warp] = v; bi[warp] = idx; }
     __syncthreads();
     if (tid == 0) {
-        for (int i = 1; i < nw; i++)
+        for (int i = 1; i < ARGMAX_THREADS / 32; i++)
             if (bv[i] > bv[0] || (bv[i] == bv[0] && bi[i] < bi[0])) { bv[0] = bv[i]; bi[0] = bi[i]; }
-        const int tok = bi[0] < V ? (int)bi[0] : 0; // every logit -inf or NaN: token 0, as the CPU reference
-        *next_id = tok;
-        if (ring) {
-            const int s = *d_step;
-            ((volatile int *)ring)[s % ring_size] = tok;
-            *d_step = s + 1;
+        if (bi[0] < V) {
+            const unsigned u = __float_as_uint(bv[0]), o = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+            atomicMax(best, (unsigned long long)o << 32 | (0xffffffffu - (unsigned)bi[0]));
         }
-        if (d_pos) *d_pos += 1;
+        __threadfence();
+        last = atomicAdd(arrived, 1u) == gridDim.x - 1;
     }
+    __syncthreads();
+    if (!last || tid) return;
+    __threadfence();
+    const unsigned long long k = atomicExch(best, 0ull);
+    *arrived = 0;
+    const int tok = k ? (int)(0xffffffffu - (unsigned)(k & 0xffffffffu)) : 0;
+    *next_id = tok;
+    if (ring) {
+        const int s = *d_step;
+        ((volatile int *)ring)[s % ring_size] = tok;
+        *d_step = s + 1;
+    }
+    if (d_pos) *d_pos += 1;
+}
+// The grid for V logits: about 8 per thread, at most 512 blocks.
+static inline unsigned argmax_blocks(int64_t V) {
+    const int64_t b = (V + 8 * ARGMAX_THREADS - 1) / (8 * ARGMAX_THREADS);
+    return (unsigned)(b < 1 ? 1 : b > 512 ? 512 : b);
 }
 
 // The tail of a GEMV launch (see gemv_tail): every block arrives; the last one runs it.
