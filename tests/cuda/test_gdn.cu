@@ -4,7 +4,7 @@
 //
 // Both paths of gdn_layer (cuda_backend.cu), launched exactly as it launches them:
 //   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk> -> k_gated_norm
-//   decode (one token): k_gdn_step<dk/GDN_G, 4>, when dv * GDN_G <= 512 (else the
+//   decode (one token): k_gdn_step<dk/GDN_G, 4>, when gdn_step_threads(dv) > 0 (else the
 //                       prefill path with T = 1, as gdn_layer does)
 // on random inputs at the model's shape (Hk = 16 q/k heads, Hv = 32 v-heads, dk = dv
 // = 128, conv width 4, conv dim 8192) and at smaller ones (dk 32/64/256, dv 32..256,
@@ -59,7 +59,7 @@ struct geo {
     int64_t KD() const { return (int64_t)Hk * dk; }
     int64_t VD() const { return (int64_t)Hv * dv; }
     int64_t CD() const { return 2 * KD() + VD(); } // conv channels: [q KD | k KD | v VD]
-    bool step_ok() const { return dv * GDN_G <= 512; } // gdn_layer's condition for k_gdn_step (K = 4)
+    bool step_ok() const { return gdn_step_threads(dv) > 0; } // gdn_layer's condition for k_gdn_step (K = 4)
 };
 static const geo REAL = {16, 32, 128, 128};
 
@@ -275,11 +275,11 @@ static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     k_gated_norm<<<dim3((unsigned)T, (unsigned)G.Hv), 32>>>(d.o.p, d.z.p, d.nw.p, G.Hv, G.dv, EPS);
     CKL();
 }
-// k_gdn_step<dk/GDN_G, 4>: one block per v-head, dv x GDN_G threads, (GDN_G + 1) dv floats dynamic shared memory.
+// k_gdn_step<dk/GDN_G, 4>: a cluster of GDN_SPLIT blocks per v-head, as gdn_layer launches it.
 static void launch_step(const geo &G, gpu_bufs &d) {
-    const unsigned threads = (unsigned)(G.dv * GDN_G);
-    const size_t sm = sizeof(float) * (GDN_G + 1) * (size_t)G.dv;
-#define STEP(KPT) k_gdn_step<KPT, KC><<<G.Hv, threads, sm>>>(d.qkv.p, d.conv2.p, d.convw.p, G.CD(), G.KD(), G.Hk, G.Hv,   \
+    const unsigned threads = (unsigned)gdn_step_threads(G.dv);
+    const size_t sm = gdn_step_smem(G.dv);
+#define STEP(KPT) k_gdn_step<KPT, KC><<<G.Hv * GDN_SPLIT, threads, sm>>>(d.qkv.p, d.conv2.p, d.convw.p, G.CD(), G.KD(), G.Hk, G.Hv,   \
                                                              G.dv, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, d.ssm.p, d.z.p, \
                                                              d.nw.p, EPS, d.o.p, d.pos.p)
     switch (G.dk) {
@@ -473,8 +473,8 @@ static void test_real_chunks(void) {
 }
 
 // Smaller geometries: dk 32/64/256 (k_gdn_recur's 8-token staging at 256; KPT 8,
-// 16, 64 in k_gdn_step), dv 32..256 (dv = 256: the step falls back to the prefill
-// path), one v-head per q/k head, four per q/k head, dk != dv.
+// 16, 64 in k_gdn_step), dv 32..256 (cw = dv/4 columns per cluster block: 8..64),
+// one v-head per q/k head, four per q/k head, dk != dv.
 static void test_small_shapes(void) {
     const geo geos[] = {{2, 4, 32, 32}, {2, 4, 64, 64}, {4, 4, 64, 32}, {1, 4, 32, 128}, {1, 2, 256, 64}, {2, 2, 128, 256}};
     const int Ts[] = {1, 2, 7, 8, 9, 15, 16, 17, 33, 100};

@@ -54,6 +54,11 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
     grep -h -E "in-kernel|moe_down|decode|FAIL|passed|argmax" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
+    # what each part of the decode step costs inside it: the same bench with it left out (tokens wrong, timing only)
+    for a in gdn attn moe; do
+        echo "LILAC_ABLATE=$a"
+        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+    done | tee -a "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM

@@ -274,6 +274,12 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
 
 // ---------------------------------------------------------------- session
 
+// LILAC_ABLATE: which of a decode step's kernels to leave out, to time what
+// each contributes inside the step (the ablation table of docs/perf.md): the
+// GDN step kernel, the attention (k_attn_dec + combine), the MoE (router,
+// experts, down and combine).
+static const unsigned ABL_GDN = 1, ABL_ATTN = 2, ABL_MOE = 4;
+
 struct lilac_session {
     const lilac_model *m;
     dmodel *D;
@@ -303,6 +309,7 @@ struct lilac_session {
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int n_sm;        // multiprocessors, to size GEMV grids
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
+    unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -615,6 +622,10 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
     s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
     if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
+    if (const char *e = getenv("LILAC_ABLATE")) {
+        s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u);
+        if (s->ablate) fprintf(stderr, "lilac: LILAC_ABLATE=%s: decode leaves kernels out; its tokens are wrong (timing only)\n", e);
+    }
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);
@@ -844,11 +855,13 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     const int64_t LD[4] = {CD, VD, Hv, Hv};
     if (input_mats(s, 4, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_GDN_PROJ);
-    if (T == 1 && c->lin_v_dim * GDN_G <= 512 && c->conv_kernel == 4) {
+    if (T == 1 && (s->ablate & ABL_GDN)) {
+        // left out (LILAC_ABLATE)
+    } else if (T == 1 && gdn_step_threads(c->lin_v_dim) && c->conv_kernel == 4) {
         // One token: conv, normalisation, gates, recurrence and gated norm in one kernel.
-        const unsigned threads = (unsigned)(c->lin_v_dim * GDN_G);
-        const size_t sm = sizeof(float) * (GDN_G + 1) * (size_t)c->lin_v_dim;
-#define STEP(KPT) pdl_launch(s, k_gdn_step<KPT, 4>, Hv, threads, sm, s->qkv, s->conv_state[(size_t)l], d.conv, CD, KD,   \
+        const unsigned threads = (unsigned)gdn_step_threads(c->lin_v_dim);
+        const size_t sm = gdn_step_smem(c->lin_v_dim);
+#define STEP(KPT) pdl_launch(s, k_gdn_step<KPT, 4>, Hv * GDN_SPLIT, threads, sm, s->qkv, s->conv_state[(size_t)l], d.conv, CD, KD,   \
                              c->lin_k_heads, Hv, c->lin_v_dim, s->bb, s->ba, d.A_log, d.dt_bias, s->ssm[(size_t)l],  \
                              s->z, d.gdn_norm, c->rms_eps, s->o, s->d_pos)
         switch (c->lin_k_dim) {
@@ -905,6 +918,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
     const int S = dec ? ADEC_S : ATT_SPLITS;
+    if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
 #define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
@@ -981,6 +995,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     // One token: the routed gate/up GEMV's blocks make the top-k themselves from
     // the logits (tk_pro); otherwise a top-k kernel.
     const bool tk_pro = T == 1 && E <= 256 && K <= 8;
+    if (T == 1 && (s->ablate & ABL_MOE)) return 0; // LILAC_ABLATE
     if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
     prof_mark(s, PH_MOE_ROUTE);
     bool shared_done = false, combined = false;

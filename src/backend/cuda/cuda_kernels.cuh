@@ -2,6 +2,7 @@
 // src/backend/cpu/cpu_forward.c (the reference it is tested against); f32
 // activations, weights read in their packed checkpoint form.
 #pragma once
+#include <cooperative_groups.h>
 #include <mma.h>
 
 #include "cuda_common.cuh"
@@ -558,23 +559,39 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
     for (int i = 0; i < KPT; i++) Sg[(int64_t)(g * KPT + i) * dv] = S[i];
 }
 
-// Decode (one token), v-head j = blockIdx.x: the causal conv of its q/k head and
-// v head channels (from the raw projections and the double-buffered conv state,
-// see k_conv; the q/k state is written by the even v-head of each pair only),
-// q/k L2 normalisation, the gates, one recurrence step and the gated RMSNorm.
-// Block = dv x G threads: thread (m, g) keeps keys [g*KPT, (g+1)*KPT) of state
-// column m in registers, so the state slice is loaded in one round trip.
+// Decode (one token): v-head j's state columns split over a cluster of
+// GDN_SPLIT blocks (block rank r: columns [r*cw, (r+1)*cw), cw = dv/GDN_SPLIT),
+// so the 2 x 64 KB of state a head reads and writes spread over 4 SMs instead
+// of one. Each block: the causal conv of the q/k head and of its v channels
+// (from the raw projections and the double-buffered conv state, see k_conv;
+// the q/k state is written by rank 0 of the even v-head of each pair only),
+// q/k L2 normalisation, the gates, one recurrence step for its columns; the
+// gated RMSNorm's sum of squares over the head is gathered through
+// distributed shared memory. Block = cw x G threads: thread (m, g) keeps keys
+// [g*KPT, (g+1)*KPT) of state column m in registers, so the state slice is
+// loaded in one round trip.
 #define GDN_G 4
+#define GDN_SPLIT 4
+// The one-token kernel's shape for dv: threads per block, 0 when it has none
+// (the layer then runs the prefill chain for its token).
+__host__ __device__ inline int gdn_step_threads(int dv) {
+    const int t = dv / GDN_SPLIT * GDN_G;
+    return dv % GDN_SPLIT == 0 && t % 32 == 0 && t <= 512 ? t : 0;
+}
+__host__ __device__ inline size_t gdn_step_smem(int dv) { return sizeof(float) * (GDN_G + 1) * (size_t)(dv / GDN_SPLIT); }
 template <int KPT, int K>
-__global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2, const float *convw, int64_t CD,
-                                                  int64_t KD, int Hk, int Hv, int dv, const float *bb, const float *ba,
-                                                  const float *A_log, const float *dt_bias, float *ssm, const float *z,
-                                                  const float *nw, float eps, float *o, const int *d_pos) {
+__global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
+    k_gdn_step(const float *qkv, float *conv2, const float *convw, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
+               const float *bb, const float *ba, const float *A_log, const float *dt_bias, float *ssm, const float *z,
+               const float *nw, float eps, float *o, const int *d_pos) {
     constexpr int dk = KPT * GDN_G;
-    __shared__ float qs[dk], ks[dk], red[32];
-    extern __shared__ float part[]; // [GDN_G][dv], then v[dv]
-    float *vsm = part + GDN_G * dv;
-    const int j = blockIdx.x, rep = Hv / Hk, hk = j / rep, tid = threadIdx.x, m = tid % dv, g = tid / dv;
+    __shared__ float qs[dk], ks[dk], red[32], ss_blk;
+    extern __shared__ float part[]; // [GDN_G][cw], then v[cw]
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    const int rank = (int)cl.block_rank(), cw = dv / GDN_SPLIT, c0 = rank * cw;
+    float *vsm = part + GDN_G * cw;
+    const int j = blockIdx.x / GDN_SPLIT, rep = Hv / Hk, hk = j / rep, tid = threadIdx.x, mm = tid % cw, g = tid / cw;
+    const int m = c0 + mm;
     float *S = ssm + ((int64_t)j * dk + g * KPT) * dv + m;
     float sv[KPT];
     pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
@@ -583,10 +600,10 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
     const int p = *d_pos;
     const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;
     float *wr = conv2 + (int64_t)((p + 1) & 1) * (K - 1) * CD;
-    // conv channels of this block: q head (dk), k head (dk), v head (dv)
+    // conv channels of this block: q head (dk), k head (dk), its v columns (cw)
     float sq = 0.0f, sk = 0.0f;
-    for (int i = tid; i < 2 * dk + dv; i += blockDim.x) {
-        const int64_t ch = i < dk ? (int64_t)hk * dk + i : i < 2 * dk ? KD + (int64_t)hk * dk + (i - dk) : 2 * KD + (int64_t)j * dv + (i - 2 * dk);
+    for (int i = tid; i < 2 * dk + cw; i += blockDim.x) {
+        const int64_t ch = i < dk ? (int64_t)hk * dk + i : i < 2 * dk ? KD + (int64_t)hk * dk + (i - dk) : 2 * KD + (int64_t)j * dv + c0 + (i - 2 * dk);
         float acc = 0.0f, win[K];
 #pragma unroll
         for (int k = 0; k < K - 1; k++) win[k] = rd[k * CD + ch];
@@ -594,7 +611,7 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
 #pragma unroll
         for (int k = 0; k < K; k++) acc += convw[ch * K + k] * win[k];
         const float y = acc / (1.0f + expf(-acc));
-        if (i >= 2 * dk || j % rep == 0)
+        if (i >= 2 * dk || (j % rep == 0 && rank == 0))
 #pragma unroll
             for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k + 1];
         if (i < dk) { qs[i] = y; sq += y * y; }
@@ -606,12 +623,18 @@ __global__ void __launch_bounds__(512) k_gdn_step(const float *qkv, float *conv2
     const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
     float beta, a;
     gdn_gates(bb[j], ba[j], dt_bias[j], A_log[j], beta, a);
-    const float ot = gdn_column_step<KPT, GDN_G>(sv, S, dv, qs, ks, qn, kn, a, beta, vsm[m], part, dv, m, g);
+    const float ot = gdn_column_step<KPT, GDN_G>(sv, S, dv, qs, ks, qn, kn, a, beta, vsm[mm], part, cw, mm, g);
     const float ss = block_sum(g == 0 ? ot * ot : 0.0f, red);
+    if (tid == 0) ss_blk = ss;
+    cl.sync(); // every block's sum is in its shared memory
+    float tot = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GDN_SPLIT; r++) tot += *cl.map_shared_rank(&ss_blk, r);
     if (g == 0) {
-        const float inv = rsqrtf(ss / (float)dv + eps), zz = z[(int64_t)j * dv + m];
+        const float inv = rsqrtf(tot / (float)dv + eps), zz = z[(int64_t)j * dv + m];
         o[(int64_t)j * dv + m] = ot * inv * nw[m] * (zz / (1.0f + expf(-zz)));
     }
+    cl.sync(); // no block leaves while another may still read its ss_blk
 }
 
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
@@ -749,12 +772,13 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
-    return sizeof(float) * ((size_t)8 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
+    return sizeof(float) * ((size_t)10 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
 }
 // It also does k_attn_prep's work for its token: every block norms and ropes
 // its G query heads into shared memory (from qg's raw query half), and the
-// last split, the one holding position p, writes p's K/V row before it loads
-// its keys.
+// last split, the one holding key p, makes p's K/V row in shared memory,
+// stores it to the cache for later steps, and scores it from there after its
+// cached keys [j0, p), which it loads meanwhile.
 template <int DPL>
 __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
                                                      const float *kn, const float *inv_freq, int rd, float eps, float *kc,
@@ -762,12 +786,13 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
     constexpr int HD = DPL * 32, KLD = HD + 4, NC = DPL / 4;
     extern __shared__ __align__(16) float asm_[];
-    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + 2 * ADEC_TK * KLD;
+    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + 2 * ADEC_TK * KLD, *kp = vs + 2 * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
     const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
-    const int64_t j0 = n * s / S, j1 = n * (s + 1) / S;
+    const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
+    const int64_t j0 = n * s / S, j1 = last ? p : n * (s + 1) / S; // cached keys [j0, j1)
     const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
     auto load = [&](int it, int b) {
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
@@ -780,16 +805,17 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         }
         cp_async_commit();
     };
-    const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
-    if (!last && ntile > 0) load(0, 0);
+    if (ntile > 0) load(0, 0);
     if (warp < G) warp_norm_rope(qg + (int64_t)(kh * G + warp) * 2 * HD, qn, HD, rd, p, inv_freq, eps, rsqrtf((float)HD),
                                  qs + warp * HD);
     if (last) {
-        if (warp == 0) warp_norm_rope(kx + (int64_t)kh * HD, kn, HD, rd, p, inv_freq, eps, 1.0f, kc + p * kvw + (int64_t)kh * HD);
-        for (int i = tid; i < HD; i += nthr) vc[p * kvw + (int64_t)kh * HD + i] = vx[(int64_t)kh * HD + i];
-        __threadfence(); // the row is in global memory before any thread's cp.async reads it back
-        __syncthreads();
-        load(0, 0);
+        float *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
+        if (warp == 0) {
+            warp_norm_rope(kx + (int64_t)kh * HD, kn, HD, rd, p, inv_freq, eps, 1.0f, kp);
+            __syncwarp();
+            for (int i = lane; i < HD; i += 32) kd[i] = kp[i];
+        }
+        for (int i = tid; i < HD; i += nthr) vd[i] = vp[i] = vx[(int64_t)kh * HD + i];
     }
     const bool active = warp < G;
     float m = -INFINITY, l = 0.0f;
@@ -841,6 +867,27 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         __syncthreads(); // buffer b is refilled next round
     }
     cp_async_wait<0>();
+    if (last) { // key p, from shared memory
+        __syncthreads(); // kp, vp (and qs, when there was no tile)
+        if (active) {
+            const float *q = qs + warp * HD;
+            float d = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const float4 kv = *(const float4 *)(kp + 4 * lane + 128 * c), qv = *(const float4 *)(q + 4 * lane + 128 * c);
+                d += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+            }
+            const float sc = warp_sum(d), mn = fmaxf(m, sc), corr = expf(m - mn), pe = expf(sc - mn);
+            l = l * corr + pe;
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                const float4 v = *(const float4 *)(vp + 4 * lane + 128 * c);
+                acc[c] = make_float4(acc[c].x * corr + pe * v.x, acc[c].y * corr + pe * v.y, acc[c].z * corr + pe * v.z,
+                                     acc[c].w * corr + pe * v.w);
+            }
+            m = mn;
+        }
+    }
     if (active) {
         float *pp = part + ((int64_t)(kh * G + warp) * S + s) * (HD + 2);
 #pragma unroll
