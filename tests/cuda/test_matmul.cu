@@ -463,6 +463,98 @@ static void test_moe_down(void) {
     moe_down_case(40, 64, 1, 2);     // one group: warp 0 alone
 }
 
+// k_moe_fused: the router's top-k from the logits, gate/up and SwiGLU of the
+// K routed experts on xn, a grid barrier, then k_moe_down's work, against
+//   x0 + sigmoid(sg) Ws·swiglu(shgu) + Σ_k w_k Wd[e_k]·(silu(Wg[e_k] xn) * (Wu[e_k] xn))
+// in double, with e_k / w_k the top-K of softmax(logits) (ties: lowest id;
+// renormalised when norm). Launched cooperatively as the backend does, at the
+// backend's grid and at a small one (blocks loop over units); the barrier
+// words are reused from case to case, as from layer to layer.
+static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar) {
+    qmat *gt = make_qmat(I, H, 4, 64, E), *up = make_qmat(I, H, 4, 64, E), *dn = make_qmat(H, I, 4, 64, E),
+         *sh = make_qmat(H, I, 4, 64);
+    std::vector<float> xn = rand_vec((size_t)H, 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f), x0 = rand_vec((size_t)H, 1.0f),
+                       lg = rand_vec((size_t)E, 3.0f), sg = {-0.4f};
+    if (E > 5) lg[3] = lg[5] = 9.0f; // a tie at the top: id 3 first
+    // the reference top-k
+    std::vector<double> p((size_t)E);
+    double mx = -1e300, z = 0.0;
+    for (int e = 0; e < E; e++) mx = std::max(mx, (double)lg[(size_t)e]);
+    for (int e = 0; e < E; e++) z += p[(size_t)e] = exp((double)lg[(size_t)e] - mx);
+    std::vector<int> ids((size_t)E);
+    for (int e = 0; e < E; e++) ids[(size_t)e] = e;
+    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return lg[(size_t)a] > lg[(size_t)b]; });
+    double tot = 0.0;
+    for (int k = 0; k < K; k++) tot += p[(size_t)ids[(size_t)k]] / z;
+    dbuf<float> dxn(xn.size()), dsh(shgu.size()), dx((size_t)H), dlg(lg.size()), dsg(1), dact((size_t)(K * I));
+    dxn.put(xn);
+    dsh.put(shgu);
+    dx.put(x0);
+    dlg.put(lg);
+    dsg.put(sg);
+    const int mg = moe_down_mg(dn->W, sh->W, K);
+    const bool ok = mg > 0 && moe_fused_ok(gt->W, up->W, H, I, K, E);
+    CHECKF(ok, "k_moe_fused refused %lld x %lld", (long long)H, (long long)I);
+    if (!ok) return;
+    const size_t sm = moe_fused_smem(H, I, K);
+    if (grid <= 0) { // the backend's: every unit a block, as many as fit at once
+        int per_sm = 0, nsm = 0;
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm));
+        CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
+        grid = (int)std::min<int64_t>((int64_t)per_sm * nsm, std::max((int64_t)K * I / 32, (H + 15) / 16));
+    }
+#define FUSED(MG) launch_coop(0, false, k_moe_fused<MG>, dim3((unsigned)grid), dim3(256), sm, gt->W, up->W, dn->W, sh->W, \
+                              (const float *)dxn.p, H, (const float *)dlg.p, E, norm, (const float *)dsh.p, I,        \
+                              (const float *)dsg.p, K, dact.p, bar.p, dx.p)
+    CK(mg == 1 ? FUSED(1) : FUSED(2));
+#undef FUSED
+    CKL();
+    std::vector<double> ref((size_t)H), act((size_t)(K * I));
+    for (int k = 0; k < K; k++) {
+        const int e = ids[(size_t)k];
+        for (int64_t d = 0; d < I; d++) {
+            double a = 0.0, b = 0.0;
+            for (int64_t c = 0; c < H; c++) {
+                a += (double)gt->w(e, d, c) * xn[(size_t)c];
+                b += (double)up->w(e, d, c) * xn[(size_t)c];
+            }
+            act[(size_t)(k * I + d)] = a / (1.0 + exp(-a)) * b;
+        }
+    }
+    const double gs = 1.0 / (1.0 + exp(-(double)sg[0]));
+    for (int64_t r = 0; r < H; r++) {
+        double a = 0.0;
+        for (int64_t c = 0; c < I; c++) a += (double)sh->w(0, r, c) * ((double)silu_h(shgu[(size_t)c]) * shgu[(size_t)(I + c)]);
+        a *= gs;
+        for (int k = 0; k < K; k++) {
+            double y = 0.0;
+            for (int64_t c = 0; c < I; c++) y += (double)dn->w(ids[(size_t)k], r, c) * act[(size_t)(k * I + c)];
+            const double w = p[(size_t)ids[(size_t)k]] / z;
+            a += (norm ? w / tot : w) * y;
+        }
+        ref[(size_t)r] = x0[(size_t)r] + a;
+    }
+    const double e = rel_err(dx.get(), ref), ea = rel_err(dact.get(), act);
+    printf("  moe_fused %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: SwiGLU rows rel err %.2e, x rel err %.2e\n",
+           (long long)H, (long long)I, K, E, norm, grid, ea, e);
+    CHECKF(ea <= BAR && e <= BAR, "k_moe_fused %lld x %lld K=%d grid %d: rel err %.3e / %.3e", (long long)H, (long long)I, K,
+           grid, ea, e);
+    delete gt;
+    delete up;
+    delete dn;
+    delete sh;
+}
+
+static void test_moe_fused(void) {
+    dbuf<unsigned> bar(64);
+    bar.fill_bytes(0);
+    moe_fused_case(2048, 512, 8, 256, 1, 0, bar); // the model's shape
+    moe_fused_case(2048, 512, 8, 256, 0, 0, bar);
+    moe_fused_case(2048, 512, 8, 64, 1, 7, bar);  // 7 blocks: each loops over its units
+    moe_fused_case(256, 1024, 3, 16, 1, 0, bar);  // 16 down groups (the second instance)
+    moe_fused_case(128, 64, 2, 4, 1, 0, bar);     // two input groups; fewer A units than row blocks
+}
+
 static void gemm_case(int64_t T, int n, qmat **ms, int xm) {
     const int64_t C = ms[0]->cols, xw = xm == 1 ? 2 * C : C;
     std::vector<float> x = rand_vec((size_t)(T * xw), 2.0f);
@@ -550,6 +642,7 @@ int main(int argc, char **argv) {
         if (quick) break;
     }
     TEST(test_moe_down);
+    TEST(test_moe_fused);
     TEST(test_gemm_q);
     return check_summary();
 }

@@ -51,7 +51,7 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
     if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
-    grep -h -E "in-kernel|moe_down|decode|FAIL|passed|argmax" "$OUT"/test*.log
+    grep -h -E "in-kernel|moe_down|moe_fused|decode|FAIL|passed|argmax" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     # what each part of the decode step costs inside it: the same bench with it left out (tokens wrong, timing only)
@@ -59,6 +59,8 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
         echo "LILAC_ABLATE=$a"
         LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
     done | tee -a "$OUT/bench.log"
+    echo "LILAC_MOE_UNFUSED=1 (the MoE as the gate/up GEMV + k_moe_down)" | tee -a "$OUT/bench.log"
+    LILAC_MOE_UNFUSED=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1 | tee -a "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM

@@ -309,6 +309,8 @@ struct lilac_session {
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int n_sm;        // multiprocessors, to size GEMV grids
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
+    unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
+    int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -656,7 +658,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
          dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0 &&
          dalloc(s, &s->amax_best, 1, err) == 0 && dalloc(s, &s->amax_arrived, 1, err) == 0 &&
-         dalloc(s, &s->inv_freq, (size_t)c->rotary_dim / 2, err) == 0;
+         dalloc(s, &s->inv_freq, (size_t)c->rotary_dim / 2, err) == 0 && dalloc(s, &s->moe_bar, 64, err) == 0;
     if (ok) {
         std::vector<float> f((size_t)c->rotary_dim / 2);
         for (size_t i = 0; i < f.size(); i++) f[i] = (float)pow(c->rope_theta, -2.0 * (double)i / c->rotary_dim);
@@ -681,6 +683,17 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          cudaHostGetDevicePointer((void **)&s->ring_dev, s->ring, 0) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[0], cudaEventDisableTiming) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[1], cudaEventDisableTiming) == cudaSuccess;
+    if (ok) { // k_moe_fused: as many blocks as its units need and the GPU holds at once
+        const dlayer &d0 = s->D->layers[0];
+        const int mg = moe_down_mg(d0.exp_down, d0.sh_down, (int)K);
+        if (mg && moe_fused_ok(d0.exp_gate, d0.exp_up, H, c->moe_inter, (int)K, c->n_experts) && !getenv("LILAC_MOE_UNFUSED")) {
+            int per_sm = 0;
+            const size_t sm = moe_fused_smem(H, c->moe_inter, (int)K);
+            ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm) == cudaSuccess;
+            const int64_t units = std::max(K * c->moe_inter / 32, (H + 15) / 16);
+            s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
+        }
+    }
     if (!ok || mk_setup(s, err) < 0) {
         if (!err || !err->msg[0]) lilac_fail(err, "CUDA backend: could not allocate the session (%s)", cudaGetErrorString(cudaGetLastError()));
         cuda_session_free(s);
@@ -1027,8 +1040,19 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             j.tk_topi = s->topi;
             j.tk_topw = s->topw;
         }
-        if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
         const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
+        if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
+            // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
+            const size_t sm = moe_fused_smem(H, I, K);
+#define FUSED(MG) launch_coop(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate, d.exp_up, \
+                              d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk,        \
+                              (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x)
+            CK(mg == 1 ? FUSED(1) : FUSED(2));
+#undef FUSED
+            prof_mark(s, PH_MOE_EXPERTS);
+            return 0;
+        }
+        if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
         if (mg) {
             // Routed and shared down projections and the combine into x, one kernel (k_moe_down).
             const unsigned nb = (unsigned)((H + 15) / 16);

@@ -105,6 +105,23 @@ static inline cudaError_t launch_ex(cudaStream_t st, bool pdl, void (*k)(P...), 
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(a)...);
 }
+// The same, cooperative: every block resident at once (for a grid barrier), or an error.
+template <typename... P, typename... A>
+static inline cudaError_t launch_coop(cudaStream_t st, bool pdl, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = g;
+    cfg.blockDim = b;
+    cfg.dynamicSmemBytes = sm;
+    cfg.stream = st;
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(a)...);
+}
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -123,3 +140,47 @@ __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool val
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// ---------------------------------------------------------------- grid barrier
+// (the persistent decode kernel, cuda_decode.cuh, and k_moe_fused, cuda_packed.cuh;
+// both launched cooperatively, so every CTA is resident)
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
+// count and bumps the generation the others spin on. Writes before it are
+// visible to every CTA after it (fences around the arrival).
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *prof, int &nb) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (prof) prof[(2 * nb) * gridDim.x + blockIdx.x] = gtimer();
+        const unsigned g = ld_acquire(bar + 32);
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            *(volatile unsigned *)bar = 0;
+            __threadfence();
+            st_release(bar + 32, g + 1);
+        } else {
+            // A CTA that never arrives (not co-resident: impossible with a cooperative
+            // launch) would hang the GPU: after 2^28 polls (minutes), fail the launch instead.
+            for (unsigned spins = 0; *(volatile unsigned *)(bar + 32) == g; spins++)
+                if (spins > (1u << 28)) __trap();
+        }
+        __threadfence();
+        if (prof) prof[(2 * nb + 1) * gridDim.x + blockIdx.x] = gtimer();
+    }
+    nb++;
+    __syncthreads();
+}

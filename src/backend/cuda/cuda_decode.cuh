@@ -82,45 +82,7 @@ struct mk_params {
 
 // ---------------------------------------------------------------- grid barrier, L2 prefetch
 
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
-// count and bumps the generation the others spin on. Writes before it are
-// visible to every CTA after it (fences around the arrival).
-__device__ __forceinline__ unsigned long long gtimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *prof, int &nb) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (prof) prof[(2 * nb) * gridDim.x + blockIdx.x] = gtimer();
-        const unsigned g = ld_acquire(bar + 32);
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            *(volatile unsigned *)bar = 0;
-            __threadfence();
-            st_release(bar + 32, g + 1);
-        } else {
-            // A CTA that never arrives (not co-resident: impossible with a cooperative
-            // launch) would hang the GPU: after 2^28 polls (minutes), fail the launch instead.
-            for (unsigned spins = 0; *(volatile unsigned *)(bar + 32) == g; spins++)
-                if (spins > (1u << 28)) __trap();
-        }
-        __threadfence();
-        if (prof) prof[(2 * nb + 1) * gridDim.x + blockIdx.x] = gtimer();
-    }
-    nb++;
-    __syncthreads();
-}
+// (grid_sync and its helpers: cuda_common.cuh)
 
 __device__ __forceinline__ void l2_prefetch(uintptr_t a, uint32_t n) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");

@@ -381,50 +381,58 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
 // w, w+8, ...; the shared expert's before the predecessor wait, the routed ones
 // as soon as topi is known), and sums each row in the combine's order. No
 // arrival counter, no per-expert output buffer, and each row has one writer.
+// The two steps are device functions that k_moe_fused shares.
 #define MOE_KMAX 8
+// Dynamic shared memory: k_moe_down's K+1 staged sources; k_moe_fused's, then its staged H-wide input.
+__host__ __device__ inline size_t moe_down_smem(int64_t I, int K) {
+    return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 32 + 3) / 4);
+}
+__host__ __device__ inline size_t moe_fused_smem(int64_t H, int64_t I, int K) {
+    return moe_down_smem(I, K) + 16 * (size_t)(H / 4 + (H / 32 + 3) / 4);
+}
 template <int MG>
-__global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float *gu, const float *shgu, int64_t I,
-                                                     const int *topi, const float *topw, const float *sg, int K, float *x) {
-    extern __shared__ __align__(16) uint4 msm[]; // per source: int8 pieces (I/4 uint4), {Σx, σ} per group (padded)
-    __shared__ float part[8][MOE_KMAX + 1][17];
-    __shared__ int ti[MOE_KMAX];
-    __shared__ float tw[MOE_KMAX + 1];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int64_t ng = I / 64, rb = blockIdx.x, srcw = I / 4 + (I / 32 + 3) / 4; // uint4 per staged source
+struct moe_dn_regs { // a row block's weights, per source (slot MOE_KMAX: the shared expert)
     uint4 pq[MOE_KMAX + 1][MG];
     uint32_t ps[MOE_KMAX + 1][MG];
-    auto load = [&](int s, const dmat &W) {
+};
+// Source slot s's 16 x I block rb of W into registers (W: one expert's view).
+template <int MG>
+__device__ __forceinline__ void moe_down_load(moe_dn_regs<MG> &R, int s, const dmat &W, int64_t rb, int64_t ng) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 #pragma unroll
-        for (int i = 0; i < MG; i++) {
-            const int64_t G = warp + 8 * i;
-            if (G < ng) {
-                pq[s][i] = __ldg(W.pk + (rb * ng + G) * 32 + lane);
-                ps[s][i] = __ldg(W.psb + (rb * ng + G) * 16 + g + 8 * (t & 1));
-            }
+    for (int i = 0; i < MG; i++) {
+        const int64_t G = warp + 8 * i;
+        if (G < ng) {
+            R.pq[s][i] = __ldg(W.pk + (rb * ng + G) * 32 + lane);
+            R.ps[s][i] = __ldg(W.psb + (rb * ng + G) * 16 + g + 8 * (t & 1));
         }
-    };
-    load(MOE_KMAX, Ws); // the shared expert: source K, kept in the last slot
-    pdl_trigger();
-    pdl_wait();
-    if (tid < K) ti[tid] = topi[tid];
-    if (tid <= K) tw[tid] = tid < K ? topw[tid] : 1.0f / (1.0f + expf(-*sg));
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < MOE_KMAX; k++)
-        if (k < K) load(k, dmat_expert(Wd, ti[k]));
-    // stage the K+1 inputs (source K: the shared expert's), whole warps per round
+    }
+}
+// The rest for row block rb once its weights are in R: stage the K+1 inputs
+// (routed slot k: swiglu of gu + 2kI when `swiglu`, else the row rin + kI as
+// it is; the shared expert: swiglu of shgu), the products, and
+// x[h] += tw[K] * shared + Σ_k tw[k] * routed_k, in that order.
+template <int MG>
+__device__ __forceinline__ void moe_down_rows(const moe_dn_regs<MG> &R, int64_t rb, int64_t rows, int64_t I,
+                                              const float *rin, bool swiglu, const float *shgu, const float *tw, int K,
+                                              uint4 *msm, float (*part)[MOE_KMAX + 1][17], float *x) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t ng = I / 64, srcw = I / 4 + (I / 32 + 3) / 4; // uint4 per staged source
     const int64_t nq = I / 4, total = (int64_t)(K + 1) * nq;
-    for (int64_t i0 = 0; i0 < total; i0 += 256) {
+    for (int64_t i0 = 0; i0 < total; i0 += 256) { // whole warps per round
         const int64_t i = i0 + tid;
         const bool in = i < total;
         const int s = in ? (int)(i / nq) : 0;
         const int64_t q = in ? i % nq : 0;
-        const float *row = s < K ? gu + (int64_t)s * 2 * I : shgu;
+        const bool sw = s == K || swiglu;
+        const float *row = s == K ? shgu : swiglu ? rin + (int64_t)s * 2 * I : rin + (int64_t)s * I;
         float4 v = make_float4(0, 0, 0, 0);
-        if (in) { // SwiGLU as k_gemv stages it (precise expf)
+        if (in && sw) { // SwiGLU as k_gemv stages it (precise expf)
             const float4 a = *(const float4 *)(row + 4 * q), b = *(const float4 *)(row + I + 4 * q);
             v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
                             a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
+        } else if (in) {
+            v = __ldcg((const float4 *)(row + 4 * q)); // L2: written by other blocks of the same grid (k_moe_fused)
         }
         uint4 *base = msm + (int64_t)s * srcw;
         pk_stage4(v, q, in, base, (float *)(base + I / 4));
@@ -437,7 +445,7 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
 #pragma unroll
         for (int i = 0; i < MG; i++) {
             const int64_t G = warp + 8 * i;
-            if (G < ng) pk_group(pq[slot][i], ps[slot][i], base, ((const float2 *)(base + I / 4))[G], G, g, t, acc0, acc1);
+            if (G < ng) pk_group(R.pq[slot][i], R.ps[slot][i], base, ((const float2 *)(base + I / 4))[G], G, g, t, acc0, acc1);
         }
         if (t == 0) {
             part[warp][s][g] = acc0;
@@ -459,16 +467,137 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
         float a = tw[K] * ye(K);
         for (int k = 0; k < K; k++) a += tw[k] * ye(k);
         const int64_t h = rb * 16 + tid;
-        if (h < Wd.rows) x[h] += a;
+        if (h < rows) x[h] += a;
+    }
+    __syncthreads(); // msm and part are reused by the block's next row block
+}
+template <int MG>
+__global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float *gu, const float *shgu, int64_t I,
+                                                     const int *topi, const float *topw, const float *sg, int K, float *x) {
+    extern __shared__ __align__(16) uint4 msm[]; // per source: int8 pieces (I/4 uint4), {Σx, σ} per group (padded)
+    __shared__ float part[8][MOE_KMAX + 1][17];
+    __shared__ int ti[MOE_KMAX];
+    __shared__ float tw[MOE_KMAX + 1];
+    const int tid = threadIdx.x;
+    const int64_t ng = I / 64, rb = blockIdx.x;
+    moe_dn_regs<MG> R;
+    moe_down_load(R, MOE_KMAX, Ws, rb, ng); // the shared expert: source K, kept in the last slot
+    pdl_trigger();
+    pdl_wait();
+    if (tid < K) ti[tid] = topi[tid];
+    if (tid <= K) tw[tid] = tid < K ? topw[tid] : 1.0f / (1.0f + expf(-*sg));
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < MOE_KMAX; k++)
+        if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb, ng);
+    moe_down_rows(R, rb, Wd.rows, I, gu, true, shgu, tw, K, msm, part, x);
+}
+
+// One token's whole MoE block after the router in one cooperative kernel:
+// every block makes the top-k from the router logits (E <= 256, K <= 8), then
+//   A. gate/up and SwiGLU: unit u = (slot k = u / (I/32), 32 intermediate dims
+//      d0 = 32 (u % (I/32))): 2 x 2 row blocks of Wg/Wu[topi[k]] over the
+//      staged input xn (warp w: row block w & 3, groups w >> 2, +2, ...),
+//      act[k*I + d0 + j] = silu(gate_j) * up_j;
+//   a grid barrier (all of act written);
+//   B. k_moe_down's rows for row blocks rb = blockIdx.x, + gridDim.x, ...
+// The first row block's down weights (and the shared expert's, before the
+// predecessor wait) are loaded into registers before A starts, so B's loads
+// overlap A. It replaces two launches (the gate/up GEMV with its top-k, and
+// k_moe_down) and the time between them. Needs H <= 64 * 2 * MOE_AG columns.
+#define MOE_AG 16 // groups of the gate/up input per warp (H = 2048: 32 groups over 2 warps)
+template <int MG>
+__global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
+                                                      const float *rlog, int E, int norm, const float *shgu, int64_t I,
+                                                      const float *sg, int K, float *act, unsigned *bar, float *x) {
+    extern __shared__ __align__(16) uint4 msm[]; // B's staged sources, then A's staged xn
+    __shared__ float part[8][MOE_KMAX + 1][17];
+    __shared__ int ti[MOE_KMAX];
+    __shared__ float tw[MOE_KMAX + 1];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t ngd = I / 64, ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk;
+    uint4 *xa = msm + moe_down_smem(I, K) / 16; // A's input: int8 pieces (H/4 uint4), then {Σx, σ} per group
+    moe_dn_regs<MG> R;
+    const int64_t rb0 = blockIdx.x;
+    if (rb0 < nrb) moe_down_load(R, MOE_KMAX, Ws, rb0, ngd);
+    pdl_wait(); // the router's logits, xn and the shared expert's gate/up come from the previous kernel
+    if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
+    if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
+    __syncthreads();
+    uint4 pa[MOE_AG];
+    uint32_t sa[MOE_AG];
+    const int rbl = warp & 3, gh = warp >> 2; // A: row block (gate lo, gate hi, up lo, up hi), group parity
+    auto loadA = [&](int64_t u) {
+        const int k = (int)(u / upk);
+        const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, ti[k]);
+        const int64_t rb = (u % upk) * 2 + (rbl & 1);
+#pragma unroll
+        for (int i = 0; i < MOE_AG; i++) {
+            const int64_t G = gh + 2 * i;
+            if (G < ngu) {
+                pa[i] = __ldg(W.pk + (rb * ngu + G) * 32 + lane);
+                sa[i] = __ldg(W.psb + (rb * ngu + G) * 16 + g + 8 * (t & 1));
+            }
+        }
+    };
+    if (blockIdx.x < nA) loadA(blockIdx.x);
+    if (rb0 < nrb)
+#pragma unroll
+        for (int k = 0; k < MOE_KMAX; k++)
+            if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb0, ngd);
+    for (int64_t i0 = 0; i0 < H / 4; i0 += 256) { // stage xn (whole warps per round)
+        const int64_t q = i0 + tid;
+        const bool in = q < H / 4;
+        pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
+    }
+    __syncthreads();
+    for (int64_t u = blockIdx.x; u < nA; u += gridDim.x) {
+        if (u != blockIdx.x) loadA(u);
+        float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOE_AG; i++) {
+            const int64_t G = gh + 2 * i;
+            if (G < ngu) pk_group(pa[i], sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, acc0, acc1);
+        }
+        if (t == 0) {
+            part[warp][0][g] = acc0;
+            part[warp][0][g + 8] = acc1;
+        }
+        __syncthreads();
+        if (tid < 32) { // dim d0 + tid: gate = row block tid/16 (warps 0-1 and 4-5 hold halves), up = 2 on
+            const int hb = tid >> 4, r = tid & 15;
+            const float gt = part[hb][0][r] + part[hb + 4][0][r], up = part[2 + hb][0][r] + part[6 + hb][0][r];
+            const int64_t d = (u % upk) * 32 + tid;
+            if (d < I) act[(u / upk) * I + d] = gt / (1.0f + expf(-gt)) * up;
+        }
+        __syncthreads();
+    }
+    int nb = 0;
+    grid_sync(bar, nullptr, nb); // every act row is written
+    pdl_trigger();
+    for (int64_t rb = rb0; rb < nrb; rb += gridDim.x) {
+        if (rb != rb0) {
+            moe_down_load(R, MOE_KMAX, Ws, rb, ngd);
+#pragma unroll
+            for (int k = 0; k < MOE_KMAX; k++)
+                if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb, ngd);
+        }
+        moe_down_rows(R, rb, Wd.rows, I, act, false, shgu, tw, K, msm, part, x);
     }
 }
+// Its dynamic shared memory, and whether it serves a layer (as k_moe_down, and
+// packed gate/up of H <= 2048 columns).
+static inline bool moe_fused_ok(const dmat &Wg, const dmat &Wu, int64_t H, int64_t I, int K, int E) {
+    return Wg.pk && Wu.pk && Wg.cols == H && Wu.cols == H && Wg.rows == I && Wu.rows == I && H <= 64 * 2 * MOE_AG &&
+           I % 32 == 0 && E <= 256 && K >= 1 && K <= MOE_KMAX;
+}
+
 // Whether k_moe_down serves a layer: packed experts and shared expert of the same width.
 static inline int moe_down_mg(const dmat &Wd, const dmat &Ws, int K) {
     if (!Wd.pk || !Ws.pk || Wd.cols != Ws.cols || Wd.rows != Ws.rows || K > MOE_KMAX) return 0;
     const int64_t ng = Wd.cols / 64;
     return ng <= 8 ? 1 : ng <= 16 ? 2 : 0;
 }
-static inline size_t moe_down_smem(int64_t I, int K) { return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 32 + 3) / 4); }
 
 // Launches k_gemv for a job (the backend's gemv() and the kernel tests). slots
 // > 0: expert mode over topi. blocks: the grid to aim for (the backend: two
