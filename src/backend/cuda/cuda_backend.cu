@@ -311,6 +311,7 @@ struct lilac_session {
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
     int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
+    bool moe_coop;     // launched cooperatively (LILAC_MOE_COOP=0, an experiment: a plain launch)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -692,6 +693,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm) == cudaSuccess;
             const int64_t units = std::max(K * c->moe_inter / 32, (H + 15) / 16);
             s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
+            const char *co = getenv("LILAC_MOE_COOP");
+            s->moe_coop = !(co && !strcmp(co, "0"));
         }
     }
     if (!ok || mk_setup(s, err) < 0) {
@@ -1044,10 +1047,12 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
             // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
             const size_t sm = moe_fused_smem(H, I, K);
-#define FUSED(MG) launch_coop(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate, d.exp_up, \
-                              d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk,        \
-                              (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x)
-            CK(mg == 1 ? FUSED(1) : FUSED(2));
+#define FUSED(L, MG) L(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate, d.exp_up,      \
+                         d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk,               \
+                         (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x,  \
+                         (unsigned long long *)nullptr)
+            if (s->moe_coop) CK(mg == 1 ? FUSED(launch_coop, 1) : FUSED(launch_coop, 2));
+            else CK(mg == 1 ? FUSED(launch_ex, 1) : FUSED(launch_ex, 2));
 #undef FUSED
             prof_mark(s, PH_MOE_EXPERTS);
             return 0;

@@ -509,7 +509,8 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
 template <int MG>
 __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
-                                                      const float *sg, int K, float *act, unsigned *bar, float *x) {
+                                                      const float *sg, int K, float *act, unsigned *bar, float *x,
+                                                      unsigned long long *prof) {
     extern __shared__ __align__(16) uint4 msm[]; // B's staged sources, then A's staged xn
     __shared__ float part[8][MOE_KMAX + 1][17];
     __shared__ int ti[MOE_KMAX];
@@ -518,12 +519,16 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
     const int64_t ngd = I / 64, ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk;
     uint4 *xa = msm + moe_down_smem(I, K) / 16; // A's input: int8 pieces (H/4 uint4), then {Σx, σ} per group
     moe_dn_regs<MG> R;
+    // prof (test_matmul's timing; null in the backend): global time at 6 points per block, prof[i * gridDim.x + block]
+    auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
+    mark(0);
     const int64_t rb0 = blockIdx.x;
     if (rb0 < nrb) moe_down_load(R, MOE_KMAX, Ws, rb0, ngd);
     pdl_wait(); // the router's logits, xn and the shared expert's gate/up come from the previous kernel
     if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
     if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
     __syncthreads();
+    mark(1);
     uint4 pa[MOE_AG];
     uint32_t sa[MOE_AG];
     const int rbl = warp & 3, gh = warp >> 2; // A: row block (gate lo, gate hi, up lo, up hi), group parity
@@ -551,6 +556,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
         pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
     }
     __syncthreads();
+    mark(2);
     for (int64_t u = blockIdx.x; u < nA; u += gridDim.x) {
         if (u != blockIdx.x) loadA(u);
         float acc0 = 0.0f, acc1 = 0.0f;
@@ -572,9 +578,11 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
         }
         __syncthreads();
     }
+    mark(3);
     int nb = 0;
     grid_sync(bar, nullptr, nb); // every act row is written
     pdl_trigger();
+    mark(4);
     for (int64_t rb = rb0; rb < nrb; rb += gridDim.x) {
         if (rb != rb0) {
             moe_down_load(R, MOE_KMAX, Ws, rb, ngd);
@@ -584,6 +592,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
         }
         moe_down_rows(R, rb, Wd.rows, I, act, false, shgu, tw, K, msm, part, x);
     }
+    mark(5);
 }
 // Its dynamic shared memory, and whether it serves a layer (as k_moe_down, and
 // packed gate/up of H <= 2048 columns).
