@@ -906,16 +906,27 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
 }
 
 // Merge the split partials of k_attn / k_attn_dec and apply the output gate
-// (hd a multiple of 32, <= 256). Every warp finds the global max M and
-// normaliser itself, then sums the splits s = warp, warp + nw, ... for lane's
-// dims; the warps' sums meet in shared memory. (One warp looping over all the
-// splits took 17 us at 64 splits: one dependent L2 round trip per few splits.)
+// (hd a multiple of 32, <= 256; S <= 128). Warp w sums the splits w, w + 8,
+// ... for lane's dims, 8 splits' partials loaded at once (the first 8 before
+// the global max M is known: they don't need it); every warp finds M and the
+// normaliser itself; the warps' sums meet in shared memory. (One warp looping
+// over the splits took 17 us at 64 splits, one L2 round trip after another.)
 __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
     pdl_wait();
     __shared__ float red[8 * 256];
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int nc = hd / 32;
+    const int nc = hd / 32, nj = (S - warp + nw - 1) / nw; // this warp's splits: warp + nw * j, j < nj (<= 16)
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
+    float v[8][8];
+    auto fetch = [&](int j0) {
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++)
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                if (j0 + jj < nj && c < nc) v[jj][c] = pp[(warp + nw * (j0 + jj)) * (hd + 2) + lane + 32 * c];
+    };
+    fetch(0);
+    // lane i: the max and sum of splits i and i + 32, .. (M, L), and of this warp's split j = i (its weight)
     float M = -INFINITY;
     for (int s = lane; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
     M = warp_max(M);
@@ -925,15 +936,23 @@ __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const flo
         L += m == -INFINITY ? 0.0f : pp[s * (hd + 2) + hd + 1] * expf(m - M);
     }
     L = warp_sum(L);
+    float wl = 0.0f;
+    if (lane < nj) {
+        const float m = pp[(warp + nw * lane) * (hd + 2) + hd];
+        wl = m == -INFINITY ? 0.0f : expf(m - M);
+    }
     float acc[8];
 #pragma unroll
     for (int c = 0; c < 8; c++) acc[c] = 0.0f;
-    for (int s = warp; s < S; s += nw) {
-        const float *ps = pp + s * (hd + 2);
-        const float m = ps[hd], w = m == -INFINITY ? 0.0f : expf(m - M);
+    for (int j0 = 0; j0 < nj; j0 += 8) {
+        if (j0) fetch(j0);
 #pragma unroll
-        for (int c = 0; c < 8; c++)
-            if (c < nc) acc[c] += w * ps[lane + 32 * c];
+        for (int jj = 0; jj < 8; jj++) {
+            const float w = __shfl_sync(0xffffffffu, wl, (j0 + jj) & 31);
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                if (j0 + jj < nj && c < nc) acc[c] += w * v[jj][c];
+        }
     }
 #pragma unroll
     for (int c = 0; c < 8; c++)
@@ -1015,7 +1034,11 @@ __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int nor
 #pragma unroll
         for (int u = 0; u < PL; u++)
             if (p[u] > v) { v = p[u]; idx = lane + 32 * u; }
-        warp_argmax(v, idx);
+        // the warp's largest p (non-negative floats order as their bits; taken or absent: -1), then the
+        // lowest id holding it: two redux instructions instead of five rounds of two shuffles
+        const int vb = v >= 0.0f ? __float_as_int(v) : -1, mb = __reduce_max_sync(0xffffffffu, vb);
+        idx = __reduce_min_sync(0xffffffffu, vb == mb ? idx : 0x7fffffff);
+        v = mb >= 0 ? __int_as_float(mb) : -1.0f;
         const float w = v * inv;
         tot += w;
 #pragma unroll
