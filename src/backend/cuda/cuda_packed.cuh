@@ -419,49 +419,24 @@ __device__ __forceinline__ void moe_down_rows(const moe_dn_regs<MG> &R, int64_t 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ng = I / 64, srcw = I / 4 + (I / 32 + 3) / 4; // uint4 per staged source
     const int64_t nq = I / 4, total = (int64_t)(K + 1) * nq;
-    // Whole warps per round of 256 quads; the first MR rounds' loads all issued
-    // before any is staged (one L2 round trip, not one per round: 5 rounds took
-    // ~4 us when each waited for its own loads).
-    constexpr int MR = 9; // (MOE_KMAX + 1) * I/4 quads, I <= 1024 (moe_down_mg): at most 9 rounds
-    static_assert(MR * 256 >= (MOE_KMAX + 1) * 1024 / 4, "every quad in the first MR rounds");
-    float4 va[MR], vb[MR];
-    auto at = [&](int64_t i, int &s, int64_t &q, const float *&row, bool &sw) {
-        s = (int)(i / nq);
-        q = i % nq;
-        sw = s == K || swiglu;
-        row = s == K ? shgu : swiglu ? rin + (int64_t)s * 2 * I : rin + (int64_t)s * I;
-    };
-    auto fetch = [&](int64_t i, float4 &a, float4 &b) {
-        if (i >= total) return;
-        int s;
-        int64_t q;
-        const float *row;
-        bool sw;
-        at(i, s, q, row, sw);
-        a = __ldcg((const float4 *)(row + 4 * q)); // L2: k_moe_fused's rows come from other blocks of its grid
-        if (sw) b = __ldcg((const float4 *)(row + I + 4 * q));
-    };
-    auto stage = [&](int64_t i, float4 a, float4 b) { // whole warps (pk_stage4 shuffles)
+    for (int64_t i0 = 0; i0 < total; i0 += 256) { // whole warps per round
+        const int64_t i = i0 + tid;
         const bool in = i < total;
-        int s = 0;
-        int64_t q = 0;
-        const float *row;
-        bool sw = false;
-        if (in) at(i, s, q, row, sw);
+        const int s = in ? (int)(i / nq) : 0;
+        const int64_t q = in ? i % nq : 0;
+        const bool sw = s == K || swiglu;
+        const float *row = s == K ? shgu : swiglu ? rin + (int64_t)s * 2 * I : rin + (int64_t)s * I;
         float4 v = make_float4(0, 0, 0, 0);
-        if (in && sw) // SwiGLU as k_gemv stages it (precise expf)
+        if (in && sw) { // SwiGLU as k_gemv stages it (precise expf)
+            const float4 a = *(const float4 *)(row + 4 * q), b = *(const float4 *)(row + I + 4 * q);
             v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
                             a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
-        else if (in)
-            v = a;
+        } else if (in) {
+            v = __ldcg((const float4 *)(row + 4 * q)); // L2: written by other blocks of the same grid (k_moe_fused)
+        }
         uint4 *base = msm + (int64_t)s * srcw;
         pk_stage4(v, q, in, base, (float *)(base + I / 4));
-    };
-#pragma unroll
-    for (int r = 0; r < MR; r++) fetch((int64_t)r * 256 + tid, va[r], vb[r]);
-#pragma unroll
-    for (int r = 0; r < MR; r++)
-        if ((int64_t)r * 256 < total) stage((int64_t)r * 256 + tid, va[r], vb[r]);
+    }
     __syncthreads();
     // source s (staged input s) with the registers of slot (compile-time after unrolling)
     auto source = [&](int slot, int s) {
@@ -550,14 +525,8 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
     const int64_t rb0 = blockIdx.x;
     if (rb0 < nrb) moe_down_load(R, MOE_KMAX, Ws, rb0, ngd);
     pdl_wait(); // the router's logits, xn and the shared expert's gate/up come from the previous kernel
-    float4 xv[2 * MOE_AG / 16]; // this thread's quads of xn, loaded before the weights they would queue behind
-#pragma unroll
-    for (int r = 0; r < 2 * MOE_AG / 16; r++) {
-        const int64_t q = (int64_t)r * 256 + tid;
-        xv[r] = q < H / 4 ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0);
-    }
     if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
-    else if (tid == 32) tw[K] = 1.0f / (1.0f + expf(-*sg));
+    if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
     __syncthreads();
     mark(1);
     uint4 pa[MOE_AG];
@@ -581,10 +550,10 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
 #pragma unroll
         for (int k = 0; k < MOE_KMAX; k++)
             if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb0, ngd);
-#pragma unroll
-    for (int r = 0; r < 2 * MOE_AG / 16; r++) { // stage xn (whole warps per round)
-        const int64_t q = (int64_t)r * 256 + tid;
-        if ((int64_t)r * 256 < H / 4) pk_stage4(xv[r], q, q < H / 4, xa, (float *)(xa + H / 4));
+    for (int64_t i0 = 0; i0 < H / 4; i0 += 256) { // stage xn (whole warps per round)
+        const int64_t q = i0 + tid;
+        const bool in = q < H / 4;
+        pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
     }
     __syncthreads();
     mark(2);
