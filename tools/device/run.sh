@@ -131,6 +131,10 @@ fi
 if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" = full ]; then
     step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
+    # the real per-layer dimensions: the decode kernels that only they select (k_moe_fused, the GDN cluster step)
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
+        step memcheck-real-dims compute-sanitizer --tool memcheck --error-exitcode 9 \
+            ./build/lilac generate --model /tmp/syn4 --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6
 fi
 
 # 2. Benchmarks on the full-size synthetic checkpoint (40 layers, 256 experts, vocab 248,320).
