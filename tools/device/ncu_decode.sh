@@ -7,11 +7,7 @@
 #   bash tools/device/ncu_decode.sh [prompt_len]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -d .devdeps/root ]; then
-    D=$PWD/.devdeps/root
-    export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
-fi
-export PATH=/usr/local/cuda/bin:$PATH
+. tools/device/env.sh
 OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
 P=${1:-4096}
 make -j"$(nproc)" WERROR= build/lilac > /tmp/build-ncu.log 2>&1 || { tail -20 /tmp/build-ncu.log; exit 1; }

@@ -6,11 +6,7 @@
 #   bash tools/device/ncu_gemv.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-if [ -d .devdeps/root ]; then
-    D=$PWD/.devdeps/root
-    export CPATH=$D/usr/include LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu
-fi
-export PATH=/usr/local/cuda/bin:$PATH
+. tools/device/env.sh
 make -j"$(nproc)" WERROR= build/cuda-tests/bench_gemv > /tmp/build-ncu.log 2>&1 || { tail -20 /tmp/build-ncu.log; exit 1; }
 echo "=== SASS instructions per kernel (16 bytes each)"
 cuobjdump -sass build/cuda-tests/bench_gemv | awk '/Function :/{name=$3} /^ +\/\*[0-9a-f]+\*\//{n[name]++} END{for (k in n) print n[k], k}' |

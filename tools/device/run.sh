@@ -19,13 +19,7 @@ cd "$(dirname "$0")/../.."
 MODE=${1:-full}
 OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
 LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important ones are copied to $OUT
-if [ -d .devdeps/root ]; then
-    D=$PWD/.devdeps/root
-    export CPATH=$D/usr/include${CPATH:+:$CPATH}
-    export LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
-    export LD_LIBRARY_PATH=$D/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-export PATH=/usr/local/cuda/bin:$PATH
+. tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
 SUMMARY=()

@@ -90,37 +90,37 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
-// A launch on stream st, with programmatic stream serialization when pdl (see above).
+// A launch on stream st, with programmatic stream serialization when pdl (see
+// above); coop: cooperative (every block resident at once, for a grid barrier, or an error).
 template <typename... P, typename... A>
-static inline cudaError_t launch_ex(cudaStream_t st, bool pdl, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = g;
-    cfg.blockDim = b;
-    cfg.dynamicSmemBytes = sm;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(a)...);
-}
-// The same, cooperative: every block resident at once (for a grid barrier), or an error.
-template <typename... P, typename... A>
-static inline cudaError_t launch_coop(cudaStream_t st, bool pdl, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+static inline cudaError_t launch_attr(cudaStream_t st, bool pdl, bool coop, void (*k)(P...), dim3 g, dim3 b, size_t sm,
+                                      A &&...a) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = g;
     cfg.blockDim = b;
     cfg.dynamicSmemBytes = sm;
     cfg.stream = st;
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeCooperative;
-    at[0].val.cooperative = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (coop) {
+        at[n].id = cudaLaunchAttributeCooperative;
+        at[n++].val.cooperative = 1;
+    }
     cfg.attrs = at;
-    cfg.numAttrs = pdl ? 2 : 1;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(a)...);
+}
+template <typename... P, typename... A>
+static inline cudaError_t launch_ex(cudaStream_t st, bool pdl, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+    return launch_attr(st, pdl, false, k, g, b, sm, static_cast<A &&>(a)...);
+}
+template <typename... P, typename... A>
+static inline cudaError_t launch_coop(cudaStream_t st, bool pdl, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+    return launch_attr(st, pdl, true, k, g, b, sm, static_cast<A &&>(a)...);
 }
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
