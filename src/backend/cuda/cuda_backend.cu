@@ -1241,14 +1241,15 @@ static int mk_profile_report(lilac_session *s, unsigned long long *d, lilac_err 
     return 0;
 }
 
-// Persistent decode kernels of different sessions (each sized to fill the GPU
-// and spinning at grid barriers) run one after another: each waits for the last
-// one queued (before = true), then becomes it. Around launches, outside capture.
-// (A cooperative launch keeps each grid co-resident; this keeps two grids from
-// contending for the same SMs.)
+// Kernels that spin at grid barriers (the persistent decode kernel, k_moe_fused:
+// each sized to fill the GPU) must not share the SMs with another session's:
+// two grids each partly resident would wait on each other forever. So the
+// one-token work of different sessions runs one after another: each waits for
+// the last one queued (before = true), then becomes it. Around launches,
+// outside capture.
 static int mk_order(lilac_session *s, bool before, lilac_err *err) {
     static cudaEvent_t last_ev = nullptr;
-    if (!s->mk_fn) return 0;
+    if (!s->mk_fn && s->moe_grid <= 0) return 0;
     if (!last_ev) CK(cudaEventCreateWithFlags(&last_ev, cudaEventDisableTiming));
     if (before) CK(cudaStreamWaitEvent(s->st, last_ev, 0));
     else CK(cudaEventRecord(last_ev, s->st));
@@ -1286,7 +1287,7 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
             if (mode != LOGITS_NONE && logits)
                 CK(cudaMemcpyAsync(logits + (mode == LOGITS_ALL ? (int64_t)done * c->vocab : 0), s->logits,
                                    sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
-        } else if (run_layers(s, T, err) < 0) {
+        } else if (mk_order(s, true, err) < 0 || run_layers(s, T, err) < 0 || mk_order(s, false, err) < 0) {
             return -1;
         } else if (mode == LOGITS_ALL) {
             if (T > 1 && ensure_logits_rows(s, T, err) < 0) return -1;
