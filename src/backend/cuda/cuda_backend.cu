@@ -82,6 +82,7 @@ struct dmodel {
     size_t uploaded, packed; // bytes copied from the host; bytes of packed copies made on the device
     dmat embed, lm_head;
     float *final_norm;
+    float *inv_freq; // RoPE frequencies [rotary_dim / 2], as the CPU reference computes them
     std::vector<dlayer> layers;
 };
 
@@ -224,8 +225,11 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
         CK(cudaEventRecord(D->ev[i], D->stream));
     }
     double t0 = lilac_now();
+    std::vector<float> inv_freq((size_t)c->rotary_dim / 2 + 1);
+    for (int i = 0; i < c->rotary_dim / 2; i++) inv_freq[(size_t)i] = (float)pow(c->rope_theta, -2.0 * i / c->rotary_dim);
     if (up_mat(D, &m->embed, &D->embed, err, false) < 0 || up_mat(D, &m->lm_head, &D->lm_head, err) < 0 ||
-        up_vec(D, m->final_norm, c->hidden, &D->final_norm, err) < 0)
+        up_vec(D, m->final_norm, c->hidden, &D->final_norm, err) < 0 ||
+        up_vec(D, inv_freq.data(), (int64_t)inv_freq.size(), &D->inv_freq, err) < 0)
         return -1;
     D->layers.resize((size_t)c->n_layers);
     for (int l = 0; l < c->n_layers; l++) {
@@ -305,13 +309,11 @@ struct lilac_session {
     int *d_ids, *d_pos, *d_step;
     unsigned long long *amax_best; // k_argmax's running best key and arrival count (zero between launches)
     unsigned *amax_arrived;
-    float *inv_freq; // RoPE frequencies [rotary_dim / 2], as the CPU reference computes them
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
     int n_sm;        // multiprocessors, to size GEMV grids
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
     int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
-    bool moe_coop;     // launched cooperatively (LILAC_MOE_COOP=0, an experiment: a plain launch)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -659,12 +661,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
          dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0 &&
          dalloc(s, &s->amax_best, 1, err) == 0 && dalloc(s, &s->amax_arrived, 1, err) == 0 &&
-         dalloc(s, &s->inv_freq, (size_t)c->rotary_dim / 2, err) == 0 && dalloc(s, &s->moe_bar, 64, err) == 0;
-    if (ok) {
-        std::vector<float> f((size_t)c->rotary_dim / 2);
-        for (size_t i = 0; i < f.size(); i++) f[i] = (float)pow(c->rope_theta, -2.0 * (double)i / c->rotary_dim);
-        ok = cudaMemcpy(s->inv_freq, f.data(), sizeof(float) * f.size(), cudaMemcpyHostToDevice) == cudaSuccess;
-    }
+         dalloc(s, &s->moe_bar, 64, err) == 0;
     s->logits_rows = 0;
     {
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
@@ -693,8 +690,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm) == cudaSuccess;
             const int64_t units = std::max(K * c->moe_inter / 32, (H + 15) / 16);
             s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
-            const char *co = getenv("LILAC_MOE_COOP");
-            s->moe_coop = !(co && !strcmp(co, "0"));
         }
     }
     if (!ok || mk_setup(s, err) < 0) {
@@ -925,7 +920,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (!dec) { // (k_attn_dec norms and ropes its own token)
         pdl_launch(s, k_attn_prep, dim3((unsigned)T, (unsigned)(nh + nkv)), 32, 0, s->qg, (const float *)s->kx,
                    (const float *)s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv,
-                   hd, c->rotary_dim, (const float *)s->inv_freq, c->rms_eps);
+                   hd, c->rotary_dim, (const float *)s->D->inv_freq, c->rms_eps);
         CKL();
     }
     if (T > 1) { // prefill: tensor-core flash attention (cuda_attn.cuh)
@@ -938,7 +933,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
 #define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
-                            (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->inv_freq, c->rotary_dim, c->rms_eps, \
+                            (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, \
                             s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S)
         if (hd == 128) DEC(4);
         else DEC(8);
@@ -1034,6 +1029,19 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         const dmat Wg[2] = {d.exp_gate, d.exp_up};
         float *const Yg[2] = {s->gu, s->gu + I};
         const int64_t LDg[2] = {2 * I, 2 * I};
+        const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
+        if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
+            // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
+            const size_t sm = moe_fused_smem(H, I, K);
+#define FUSED(MG) launch_coop(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate,     \
+                              d.exp_up, d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E,          \
+                              c->norm_topk, (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x,    \
+                              (unsigned long long *)nullptr)
+            CK(mg == 1 ? FUSED(1) : FUSED(2));
+#undef FUSED
+            prof_mark(s, PH_MOE_EXPERTS);
+            return 0;
+        }
         gemv_job j = job_of(2, Wg, Yg, LDg);
         if (tk_pro) { // block (0,0) leaves the top-k in topi/topw for the down projections
             j.tk_logits = s->rlog;
@@ -1042,20 +1050,6 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             j.tk_norm = c->norm_topk;
             j.tk_topi = s->topi;
             j.tk_topw = s->topw;
-        }
-        const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
-        if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
-            // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
-            const size_t sm = moe_fused_smem(H, I, K);
-#define FUSED(L, MG) L(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate, d.exp_up,      \
-                         d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk,               \
-                         (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x,  \
-                         (unsigned long long *)nullptr)
-            if (s->moe_coop) CK(mg == 1 ? FUSED(launch_coop, 1) : FUSED(launch_coop, 2));
-            else CK(mg == 1 ? FUSED(launch_ex, 1) : FUSED(launch_ex, 2));
-#undef FUSED
-            prof_mark(s, PH_MOE_EXPERTS);
-            return 0;
         }
         if (gemv(s, j, XM_PLAIN, s->xn, H, 0, s->topi, K, slots, err) < 0) return -1;
         if (mg) {
@@ -1178,17 +1172,9 @@ static int ensure_logits_rows(lilac_session *s, int64_t rows, lilac_err *err) {
 // `pick`, also the greedy token: the next input, the ring, *d_pos + 1.
 static int decode_pass(lilac_session *s, bool pick, lilac_err *err) {
     if (s->mk_fn) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)s->mk_grid);
-        cfg.blockDim = dim3(MK_THREADS);
-        cfg.dynamicSmemBytes = s->mk_smem;
-        cfg.stream = s->st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeCooperative; // every CTA resident: the grid barriers rely on it
-        at[0].val.cooperative = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, s->mk_fn, s->mk_dev, (int)pick, s->mk_prof));
+        // cooperative: every CTA resident, the grid barriers rely on it
+        CK(launch_coop(s->st, false, s->mk_fn, dim3((unsigned)s->mk_grid), dim3(MK_THREADS), s->mk_smem, s->mk_dev, (int)pick,
+                       s->mk_prof));
         return 0;
     }
     if (run_layers(s, 1, err) < 0 || head(s, 0, 1, err) < 0) return -1;

@@ -154,14 +154,15 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
-// count and bumps the generation the others spin on. Writes before it are
-// visible to every CTA after it (fences around the arrival).
+// The global timer (ns): in-kernel timestamps of the profiling hooks.
 __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
+// count and bumps the generation the others spin on. Writes before it are
+// visible to every CTA after it (fences around the arrival).
 __device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *prof, int &nb) {
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -172,10 +172,8 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
 __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
     if (!prof || threadIdx.x != 0 || blockIdx.y != 0 || (blockIdx.x != 0 && blockIdx.x != gridDim.x - 1) || i > 15) return;
     const int b = blockIdx.x == 0 ? 0 : 1;
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     prof[b * 32 + i] = clock64();
-    prof[b * 32 + 16 + i] = t;
+    prof[b * 32 + 16 + i] = gtimer();
 }
 
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
