@@ -254,7 +254,7 @@ static bool run_dec_case(const Case &c, bool timed) {
             k_attn_dec<4><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
         else k_attn_dec<8><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
         CK(cudaGetLastError());
-        k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, S, nh, hd, dout);
+        k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout);
         CK(cudaGetLastError());
     };
     run();
@@ -293,9 +293,9 @@ static bool run_dec_case(const Case &c, bool timed) {
         const double tn = time_ms(0, run) * 1000.0;
         const double tp = time_ms(0, [&]() {
             k_attn<8><<<dim3((unsigned)nh, 1, 32), 128>>>(dq, dk, dv, dpos, nh, nkv, dout, dpart);
-            k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, 32, nh, hd, dout);
+            k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, 32, nh, hd, dout);
         }) * 1000.0;
-        const double tc = time_ms(0, [&]() { k_attn_combine<<<dim3((unsigned)nh, 1), 256>>>(dq, dpart, S, nh, hd, dout); }) * 1000.0;
+        const double tc = time_ms(0, [&]() { k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout); }) * 1000.0;
         const double bytes = 2.0 * (pos + 1) * nkv * hd * 4;
         printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
                "combine %7.2f us: %.1fx\n", tn, bytes / tn * 1e-6, tc, tp, tp / tn);

@@ -951,7 +951,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         CKL();
     }
     if (S > 1) {
-        pdl_launch(s, k_attn_combine, dim3((unsigned)nh, (unsigned)T), 256, 0, s->qg, s->part, S, nh, hd, s->att);
+        pdl_launch(s, k_attn_combine, attn_combine_grid(nh, T, hd), 256, 0, s->qg, s->part, S, nh, hd, s->att);
         CKL();
     }
     prof_mark(s, PH_ATTN_CORE);

@@ -594,9 +594,14 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     const int m = c0 + mm;
     float *S = ssm + ((int64_t)j * dk + g * KPT) * dv + m;
     float sv[KPT];
+    // weights first (they don't depend on the previous kernel), then everything
+    // this thread will read, so that one round trip serves them all: the gates'
+    // and the gated norm's inputs used to be two more after the conv's
+    const float a_log = A_log[j], dtb = dt_bias[j], nwm = nw[m];
     pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
 #pragma unroll
     for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
+    const float bj = bb[j], aj = ba[j], zz = z[(int64_t)j * dv + m];
     const int p = *d_pos;
     const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;
     float *wr = conv2 + (int64_t)((p + 1) & 1) * (K - 1) * CD;
@@ -622,7 +627,7 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     sk = block_sum(sk, red);
     const float qn = rsqrtf((float)dk) / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
     float beta, a;
-    gdn_gates(bb[j], ba[j], dt_bias[j], A_log[j], beta, a);
+    gdn_gates(bj, aj, dtb, a_log, beta, a);
     const float ot = gdn_column_step<KPT, GDN_G>(sv, S, dv, qs, ks, qn, kn, a, beta, vsm[mm], part, cw, mm, g);
     const float ss = block_sum(g == 0 ? ot * ot : 0.0f, red);
     if (tid == 0) ss_blk = ss;
@@ -631,8 +636,8 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
 #pragma unroll
     for (int r = 0; r < GDN_SPLIT; r++) tot += *cl.map_shared_rank(&ss_blk, r);
     if (g == 0) {
-        const float inv = rsqrtf(tot / (float)dv + eps), zz = z[(int64_t)j * dv + m];
-        o[(int64_t)j * dv + m] = ot * inv * nw[m] * (zz / (1.0f + expf(-zz)));
+        const float inv = rsqrtf(tot / (float)dv + eps);
+        o[(int64_t)j * dv + m] = ot * inv * nwm * (zz / (1.0f + expf(-zz)));
     }
     cl.sync(); // no block leaves while another may still read its ss_blk
 }
@@ -906,27 +911,25 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
 }
 
 // Merge the split partials of k_attn / k_attn_dec and apply the output gate
-// (hd a multiple of 32, <= 256; S <= 128). Warp w sums the splits w, w + 8,
-// ... for lane's dims, 8 splits' partials loaded at once (the first 8 before
-// the global max M is known: they don't need it); every warp finds M and the
-// normaliser itself; the warps' sums meet in shared memory. (One warp looping
-// over the splits took 17 us at 64 splits, one L2 round trip after another.)
+// (hd a multiple of 32; S <= 128). Grid (nh, T, hd/32): block z takes dims
+// [32z, 32z + 32), lane = dim; warp w sums the splits w, w + 8, ... (at most
+// 16, their partials all loaded at once, before the global max M is known);
+// every warp finds M and the normaliser itself; the 8 warps' sums meet in
+// shared memory. (One block per head looping over its splits took 9-17 us at
+// 64 splits: 16 SMs pulling 1 MB, one L2 round trip after another.)
+__host__ __device__ inline dim3 attn_combine_grid(int nh, int T, int hd) {
+    return dim3((unsigned)nh, (unsigned)T, (unsigned)(hd / 32));
+}
 __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
     pdl_wait();
-    __shared__ float red[8 * 256];
-    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    const int nc = hd / 32, nj = (S - warp + nw - 1) / nw; // this warp's splits: warp + nw * j, j < nj (<= 16)
+    __shared__ float red[8][32];
+    const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int d = 32 * blockIdx.z + lane, nj = (S - warp + 7) / 8; // this warp's splits: warp + 8j, j < nj (<= 16)
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
-    float v[8][8];
-    auto fetch = [&](int j0) {
+    float v[16];
 #pragma unroll
-        for (int jj = 0; jj < 8; jj++)
-#pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (j0 + jj < nj && c < nc) v[jj][c] = pp[(warp + nw * (j0 + jj)) * (hd + 2) + lane + 32 * c];
-    };
-    fetch(0);
-    // lane i: the max and sum of splits i and i + 32, .. (M, L), and of this warp's split j = i (its weight)
+    for (int j = 0; j < 16; j++)
+        if (j < nj) v[j] = pp[(warp + 8 * j) * (hd + 2) + d];
     float M = -INFINITY;
     for (int s = lane; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
     M = warp_max(M);
@@ -936,34 +939,25 @@ __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const flo
         L += m == -INFINITY ? 0.0f : pp[s * (hd + 2) + hd + 1] * expf(m - M);
     }
     L = warp_sum(L);
-    float wl = 0.0f;
+    float wl = 0.0f; // lane j < nj: the weight of this warp's split j
     if (lane < nj) {
-        const float m = pp[(warp + nw * lane) * (hd + 2) + hd];
+        const float m = pp[(warp + 8 * lane) * (hd + 2) + hd];
         wl = m == -INFINITY ? 0.0f : expf(m - M);
     }
-    float acc[8];
+    float acc = 0.0f;
 #pragma unroll
-    for (int c = 0; c < 8; c++) acc[c] = 0.0f;
-    for (int j0 = 0; j0 < nj; j0 += 8) {
-        if (j0) fetch(j0);
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
-            const float w = __shfl_sync(0xffffffffu, wl, (j0 + jj) & 31);
-#pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (j0 + jj < nj && c < nc) acc[c] += w * v[jj][c];
-        }
+    for (int j = 0; j < 16; j++) {
+        const float w = __shfl_sync(0xffffffffu, wl, j);
+        if (j < nj) acc += w * v[j];
     }
-#pragma unroll
-    for (int c = 0; c < 8; c++)
-        if (c < nc) red[warp * hd + lane + 32 * c] = acc[c];
+    red[warp][lane] = acc;
     __syncthreads();
-    const float *gate = qg + (int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd;
-    const float invL = 1.0f / L;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    if (warp == 0) {
         float a = 0.0f;
-        for (int w = 0; w < nw; w++) a += red[w * hd + d];
-        out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a * invL / (1.0f + expf(-gate[d]));
+#pragma unroll
+        for (int w = 0; w < 8; w++) a += red[w][lane];
+        const float g = qg[(int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd + d];
+        out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a / L / (1.0f + expf(-g));
     }
 }
 
