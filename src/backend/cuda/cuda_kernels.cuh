@@ -766,7 +766,7 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 // Decode attention for one query token, GQA-packed: block (kv head kh, split
 // s) reads each K/V row of its split once for the G = nh/nkv query heads that
 // share it (warp w: query head kh*G + w). Keys go 32 at a time through shared
-// memory (cp.async, double-buffered; K rows padded so that lane i reading key
+// memory (cp.async, ADEC_ST buffers; K rows padded so that lane i reading key
 // i's row with 16-byte loads meets no bank conflict). Lane i scores key i, a
 // tile's max and sum are one warp reduction each, and lane i owns output dims
 // 4(i + 32c) .. +3. k_attn read each row once per query head (8 times here,
@@ -774,10 +774,11 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
 // k_attn_combine; an empty split leaves max -inf and sum 0. G <= 8 (qs holds 8 heads).
 #define ADEC_TK 32
+#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored (two: one, 1.46 TB/s of K/V at 32k)
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
-    return sizeof(float) * ((size_t)10 * hd + (size_t)2 * ADEC_TK * (hd + 4) + (size_t)2 * ADEC_TK * hd);
+    return sizeof(float) * ((size_t)10 * hd + (size_t)ADEC_ST * ADEC_TK * (hd + 4) + (size_t)ADEC_ST * ADEC_TK * hd);
 }
 // It also does k_attn_prep's work for its token: every block norms and ropes
 // its G query heads into shared memory (from qg's raw query half), and the
@@ -791,7 +792,7 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
     constexpr int HD = DPL * 32, KLD = HD + 4, NC = DPL / 4;
     extern __shared__ __align__(16) float asm_[];
-    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + 2 * ADEC_TK * KLD, *kp = vs + 2 * ADEC_TK * HD, *vp = kp + HD;
+    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
@@ -810,7 +811,13 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         }
         cp_async_commit();
     };
+    // always ADEC_ST - 1 commit groups here and one per tile below, so that the
+    // wait for tile it is "all but the newest ADEC_ST - 1 groups"
+    static_assert(ADEC_ST == 3, "the prologue issues two tiles");
     if (ntile > 0) load(0, 0);
+    else cp_async_commit();
+    if (ntile > 1) load(1, 1);
+    else cp_async_commit();
     if (warp < G) warp_norm_rope(qg + (int64_t)(kh * G + warp) * 2 * HD, qn, HD, rd, p, inv_freq, eps, rsqrtf((float)HD),
                                  qs + warp * HD);
     if (last) {
@@ -828,10 +835,10 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
 #pragma unroll
     for (int c = 0; c < NC; c++) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int it = 0; it < ntile; it++) {
-        const int b = it & 1;
-        if (it + 1 < ntile) load(it + 1, b ^ 1);
+        const int b = it % ADEC_ST;
+        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left (barrier below)
         else cp_async_commit();
-        cp_async_wait<1>();
+        cp_async_wait<ADEC_ST - 1>();
         __syncthreads(); // tile it (and qs) visible to every warp
         if (active) {
             const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
@@ -869,7 +876,7 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
             }
             m = mn;
         }
-        __syncthreads(); // buffer b is refilled next round
+        __syncthreads(); // buffer b is refilled at the start of the next round
     }
     cp_async_wait<0>();
     if (last) { // key p, from shared memory
