@@ -284,10 +284,27 @@ static bool run_dec_case(const Case &c, bool timed) {
     size_t n_nan = 0, row_nan = 0;
     const double err = rel_err(got, ref, &n_nan), kerr = rel_err(krow, krow_ref, &row_nan);
     const bool vok = memcmp(vrow.data(), vx.data(), kvw * 4) == 0;
-    const bool ok = err <= 1e-4 && kerr <= 1e-5 && vok;
-    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e, V row %s", ok ? "PASS" : "FAIL",
-           nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG");
-    if (n_nan || row_nan) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan);
+    // k_attn (one block per query head, 32 splits) + the same combine, on the normed and roped q and the
+    // row k_attn_dec wrote: the path of head sizes and groups k_attn_dec does not take
+    float *dq2;
+    CK(cudaMalloc(&dq2, nq * 4));
+    CK(cudaMemcpy(dq2, qg.data(), nq * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemset(dout, 0xFF, no * 4));
+    if (hd == 128) k_attn<4><<<dim3((unsigned)nh, 1, 32), 128>>>(dq2, dk, dv, dpos, nh, nkv, dout, dpart);
+    else k_attn<8><<<dim3((unsigned)nh, 1, 32), 128>>>(dq2, dk, dv, dpos, nh, nkv, dout, dpart);
+    CK(cudaGetLastError());
+    k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq2, dpart, 32, nh, hd, dout);
+    CK(cudaGetLastError());
+    CK(cudaDeviceSynchronize());
+    CK(cudaFree(dq2));
+    std::vector<float> got32(no);
+    CK(cudaMemcpy(got32.data(), dout, no * 4, cudaMemcpyDeviceToHost));
+    size_t n32 = 0;
+    const double err32 = rel_err(got32, ref, &n32);
+    const bool ok = err <= 1e-4 && kerr <= 1e-5 && vok && err32 <= 1e-4;
+    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e, V row %s; k_attn + combine "
+           "of 32 splits %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG", err32);
+    if (n_nan || row_nan || n32) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan + n32);
     printf("\n");
     if (timed && ok) {
         const double tn = time_ms(0, run) * 1000.0;
