@@ -81,9 +81,9 @@ static void check_prefill_len(int n) {
 
 static void test_prefill_lengths(void) {
     const int quick_lens[] = {1, 5, 8, 9, 63, 64, 65, 200};
-    const int full_lens[] = {1, 5, 8, 9, 63, 64, 65, 300, 2047, 2048, 2049};
+    const int full_lens[] = {1, 5, 8, 9, 63, 64, 65, 300, 2047, 2048, 2049, 4095, 4096, 4097}; /* the CUDA chunk is 4096 */
     const int *lens = n_user_lens ? user_lens : quick ? quick_lens : full_lens;
-    int n = n_user_lens ? n_user_lens : quick ? 8 : 11;
+    int n = n_user_lens ? n_user_lens : quick ? 8 : 14;
     for (int i = 0; i < n; i++) check_prefill_len(lens[i]);
 }
 

@@ -116,7 +116,7 @@ fi
 if [ "$MODE" = full ]; then
     for r in ties one skew; do
         step "synth-$r" ./build/lilac synth --out "/tmp/skew-$r" --layers 2 --vocab 8192 --seed 3 --router "$r"
-        step "test-skew-$r" ./build/cuda-tests/test_cuda "/tmp/skew-$r" --lens 1,63,64,65,2047,2049
+        step "test-skew-$r" ./build/cuda-tests/test_cuda "/tmp/skew-$r" --lens 1,63,64,65,2047,2049,4095,4097
     done
 fi
 # HF transformers (on the device, f32) as an outside oracle for the CUDA path, on the HF bf16

@@ -23,7 +23,9 @@
 #define G4_BM 128
 #define G4_BN 64
 #define G4_BK 64      // = the quantisation group
+#ifndef G4_STAGES // (4: the same speed, docs/perf.md session 6)
 #define G4_STAGES 3
+#endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_MATS 4
 
