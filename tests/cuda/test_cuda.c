@@ -1,12 +1,12 @@
 /* test_cuda.c — the CUDA backend against the CPU reference (run on the device:
  * tools/device/run.sh). Usage: test_cuda MODEL_DIR [--quick] [--lens 1,63,64,...]
- *  (--lens replaces the list of teacher-forced prompt lengths; each must be <= 4096.
+ *  (--lens replaces the list of teacher-forced prompt lengths; each must be <= 8192.
  *  Run over `lilac synth --router ties|one|skew` checkpoints it tests the routing
  *  pipeline under skew: every token to experts 0..7, to one expert, to a few hot
  *  ones, most experts empty; the checkpoint's lilac_note names the mode.)
  *  - teacher-forced logits at prompt lengths around every path boundary (GEMV
  *    for <= 8 tokens, tensor-core GEMM above, grouped experts above 64 slots, the
- *    2048-token prefill chunk): top-1 agreement >= 99% and
+ *    4096-token prefill chunk): top-1 agreement >= 99% and
  *    max|dlogit| / max|logit| <= 2e-2 per position. Random-weight routers have
  *    near-tied experts at a few positions, where f32 summation order alone can
  *    flip a top-k choice; so at most 0.2% of positions (none below 500) may
@@ -162,13 +162,13 @@ static void test_snapshot(void) {
     free(y);
 }
 
-/* "1,63,64" -> user_lens; false on anything else (or a length outside 1..4096). */
+/* "1,63,64" -> user_lens; false on anything else (or a length outside 1..8192). */
 static bool parse_lens(const char *s) {
     n_user_lens = 0;
     while (*s) {
         char *end;
         const long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 4096 || n_user_lens == 64 || (*end && *end != ',')) return false;
+        if (end == s || v < 1 || v > 8192 || n_user_lens == 64 || (*end && *end != ',')) return false;
         user_lens[n_user_lens++] = (int)v;
         s = *end ? end + 1 : end;
     }
@@ -206,8 +206,8 @@ int main(int argc, char **argv) {
     CPU = lilac_backend_get("cpu", &err);
     GPU = lilac_backend_get("cuda", &err);
     if (!GPU) { fprintf(stderr, "%s\n", err.msg); return 2; }
-    scpu = CPU->session_new(&M, 4096, 0, &err);
-    sgpu = GPU->session_new(&M, 4096, 0, &err);
+    scpu = CPU->session_new(&M, 8192, 0, &err);
+    sgpu = GPU->session_new(&M, 8192, 0, &err);
     if (!scpu || !sgpu) { fprintf(stderr, "%s\n", err.msg); return 2; }
     printf("model %s\n", argv[1]);
     print_note(argv[1]);
