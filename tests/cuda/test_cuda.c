@@ -84,7 +84,13 @@ static void test_prefill_lengths(void) {
     const int full_lens[] = {1, 5, 8, 9, 63, 64, 65, 300, 2047, 2048, 2049, 4095, 4096, 4097}; /* the CUDA chunk is 4096 */
     const int *lens = n_user_lens ? user_lens : quick ? quick_lens : full_lens;
     int n = n_user_lens ? n_user_lens : quick ? 8 : 14;
-    for (int i = 0; i < n; i++) check_prefill_len(lens[i]);
+    for (int i = 0; i < n; i++) {
+        if (lens[i] > M.cfg.max_pos) { /* the tiny oracle model holds 4096 positions */
+            printf("  (prompt %d skipped: the model holds %lld positions)\n", lens[i], (long long)M.cfg.max_pos);
+            continue;
+        }
+        check_prefill_len(lens[i]);
+    }
 }
 
 /* Prefill P tokens, then feed S more one at a time: the decode kernels. */
