@@ -774,7 +774,7 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
 // k_attn_combine; an empty split leaves max -inf and sum 0. G <= 8 (qs holds 8 heads).
 #define ADEC_TK 32
-#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored (two: one, 1.46 TB/s of K/V at 32k)
+#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored (1.44 TB/s of K/V at 32k; two buffers: 1.46, the same)
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
@@ -922,8 +922,10 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
 // [32z, 32z + 32), lane = dim; warp w sums the splits w, w + 8, ... (at most
 // 16, their partials all loaded at once, before the global max M is known);
 // every warp finds M and the normaliser itself; the 8 warps' sums meet in
-// shared memory. (One block per head looping over its splits took 9-17 us at
-// 64 splits: 16 SMs pulling 1 MB, one L2 round trip after another.)
+// shared memory. (One block per head looping over its splits, 16 blocks, took
+// 9-17 us at 64 splits; this grid measures 9.0 us alone in test_attn, where a
+// lone launch's own cost dominates, and the decode step did not change:
+// docs/perf.md, session 6.)
 __host__ __device__ inline dim3 attn_combine_grid(int nh, int T, int hd) {
     return dim3((unsigned)nh, (unsigned)T, (unsigned)(hd / 32));
 }
