@@ -506,11 +506,11 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
         dbuf<unsigned> cnt(1);
         acc.fill_bytes(0);
         cnt.fill_bytes(0);
-        auto go = [&]() {
-            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p);
-            else k_moe_split<1><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p);
+        auto go = [&](unsigned long long *P) {
+            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+            else k_moe_split<1><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
         };
-        go();
+        go(nullptr);
         CKL();
         got = dx.get();
         const std::vector<unsigned long long> left = acc.get();
@@ -521,14 +521,32 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
             cudaEvent_t a, b;
             CK(cudaEventCreate(&a));
             CK(cudaEventCreate(&b));
-            for (int i = 0; i < 3; i++) go();
+            for (int i = 0; i < 3; i++) go(nullptr);
             CK(cudaEventRecord(a));
-            for (int i = 0; i < 20; i++) go();
+            for (int i = 0; i < 20; i++) go(nullptr);
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));
             float ms = 0.0f;
             CK(cudaEventElapsedTime(&ms, a, b));
-            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above)\n", 1000.0f * ms / 20);
+            dbuf<unsigned long long> prof((size_t)6 * grid);
+            go(prof.p);
+            CKL();
+            const std::vector<unsigned long long> tt = prof.get();
+            unsigned long long t0 = ~0ull;
+            for (int i = 0; i < grid; i++) t0 = std::min(t0, tt[(size_t)i]);
+            const int nA = (int)(K * (I / 32));
+            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us from the first block's start, median / max", 1000.0f * ms / 20);
+            const char *nm[6] = {"start", "wait+top-k", "input staged", "h staged, down weights in", "sums added", "end"};
+            for (int part = 0; part < 2; part++) { // routed units, then shared
+                printf("\n    %s units:", part ? "shared" : "routed");
+                for (int pt = 0; pt < 6; pt++) {
+                    std::vector<double> v;
+                    for (int i = part ? nA : 0; i < (part ? grid : nA); i++) v.push_back((double)(tt[(size_t)pt * grid + i] - t0) * 1e-3);
+                    std::sort(v.begin(), v.end());
+                    printf(" %s %.2f / %.2f%s", nm[pt], v[v.size() / 2], v.back(), pt < 5 ? "," : "");
+                }
+            }
+            printf("\n");
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
         }

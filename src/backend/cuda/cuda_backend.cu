@@ -1055,7 +1055,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
                 const unsigned grid = (unsigned)(K * (I / 32) + d.sh_down.cols / (64 * nsg));
 #define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
-                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x)
+                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
+                            (unsigned long long *)nullptr)
                 if (nsg == 2) SPLIT(2);
                 else SPLIT(1);
 #undef SPLIT

@@ -627,7 +627,7 @@ template <int NSG>
 __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
                                                       int64_t SI, const float *sg, int K, unsigned long long *acc,
-                                                      unsigned *count, float *x) {
+                                                      unsigned *count, float *x, unsigned long long *prof) {
     extern __shared__ __align__(16) uint4 msm[];
     __shared__ float part[8][17];
     __shared__ int ti[MOE_KMAX];
@@ -637,11 +637,15 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk, u = blockIdx.x;
+    // prof (test_matmul's timing; null in the backend): global time at 6 points, prof[i * gridDim.x + block]
+    auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
+    mark(0);
     pdl_trigger();
     if (u < nA) {
         pdl_wait(); // the router's logits and xn come from the previous kernel
         if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
         __syncthreads();
+        mark(1);
         const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
         // gate/up rows of dims 32c .. 32c+31 into registers (as k_moe_fused's loadA)
         const int rbl = warp & 3, gh = warp >> 2;
@@ -674,6 +678,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
         }
         __syncthreads();
+        mark(2);
         float a0 = 0.0f, a1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < MOE_AG; i++) {
@@ -698,6 +703,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         }
         cp_async_wait<0>();
         __syncthreads();
+        mark(3);
         const float2 hs = make_float2(hsg[0], hsg[1]);
         for (int64_t rb = warp; rb < nrb; rb += 8) {
             const uint2 w2 = dw[rb * 32 + lane];
@@ -722,6 +728,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             }
         cp_async_commit();
         pdl_wait(); // shgu and sg come from the previous kernel
+        mark(1);
         if (warp < NSG) { // warp w stages group w: lanes < 16 one quad each
             const float gs = 1.0f / (1.0f + expf(-*sg));
             const int q = lane & 15;
@@ -734,8 +741,10 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             }
             pk_stage4(v, (int64_t)warp * 16 + q, lane < 16, hq, hsg);
         }
+        mark(2);
         cp_async_wait<0>();
         __syncthreads();
+        mark(3);
         for (int64_t rb = warp; rb < nrb; rb += 8) {
             float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
@@ -751,6 +760,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     }
     // the last unit to finish folds acc into x
     __syncthreads();
+    mark(4);
     if (tid == 0) {
         __threadfence(); // this block's additions before its arrival
         last = atomicAdd(count, 1u) == gridDim.x - 1;
@@ -764,6 +774,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         }
         if (tid == 0) *count = 0u;
     }
+    mark(5);
 }
 // Whether k_moe_split serves a layer (as k_moe_fused, and a packed shared down
 // of whole groups); its shared units take NSG = 2 groups when the grid then fits
