@@ -599,6 +599,192 @@ static inline bool moe_fused_ok(const dmat &Wg, const dmat &Wu, int64_t H, int64
            I % 32 == 0 && E <= 256 && K >= 1 && K <= MOE_KMAX;
 }
 
+// The same MoE without a grid barrier (k_moe_split; LILAC_MOE_SPLIT=1 while it
+// is measured against k_moe_fused). Unit u < K*I/32 is routed slot k = u / (I/32)
+// and its 32 intermediate dims d0 = 32 (u % (I/32)): the block makes the top-k,
+// its 32 SwiGLU values (k_moe_fused's phase A) times topw[k], and their share of
+// the down projection, Wd[e][:, d0 .. d0+31] · h over all H rows (half of one
+// packed group: the other half's codes are zeroed, its staged inputs are 0).
+// The last SI/(64 NSG) units take NSG groups of the shared expert's columns:
+// sigmoid(sg) * Ws[:, cols] · swiglu(shgu[cols]), its weights loaded before the
+// predecessor wait. Each unit adds its H outputs into acc as 64-bit fixed point
+// (2^-32): integer sums, exact whatever order the units finish in, so the
+// result is deterministic. The last unit to finish (an arrival count) adds acc
+// into x and leaves acc and the count at zero for the next launch. No unit
+// waits for another: one launch of K*I/32 + SI/(64 NSG) blocks (132 here), in
+// any number of waves. (NaN or |sum| >= 2^31 does not survive the fixed point.)
+#define MOE_FX 4294967296.0 // 2^32
+__host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
+    const size_t nrb = (size_t)((H + 15) / 16);
+    const size_t routed = 16 * (size_t)(H / 4 + (H / 32 + 3) / 4) + nrb * 32 * 8 + nrb * 16 * 4;
+    const size_t shared = nrb * (size_t)NSG * (32 * 16 + 16 * 4);
+    return routed > shared ? routed : shared;
+}
+__device__ __forceinline__ void moe_fx_add(unsigned long long *a, float v) {
+    atomicAdd(a, (unsigned long long)__double2ll_rn((double)v * MOE_FX));
+}
+template <int NSG>
+__global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
+                                                      const float *rlog, int E, int norm, const float *shgu, int64_t I,
+                                                      int64_t SI, const float *sg, int K, unsigned long long *acc,
+                                                      unsigned *count, float *x, unsigned long long *prof) {
+    extern __shared__ __align__(16) uint4 msm[];
+    __shared__ float part[8][17];
+    __shared__ int ti[MOE_KMAX];
+    __shared__ float tw[MOE_KMAX];
+    __shared__ __align__(16) uint4 hq[NSG * 16]; // the staged down input: int8 pieces of NSG groups
+    __shared__ float hsg[2 * NSG];               // {Σ, σ} per group
+    __shared__ int last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk, u = blockIdx.x;
+    // prof (test_matmul's timing; null in the backend): global time at 6 points, prof[i * gridDim.x + block]
+    auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
+    mark(0);
+    pdl_trigger();
+    if (u < nA) {
+        pdl_wait(); // the router's logits and xn come from the previous kernel
+        if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
+        __syncthreads();
+        mark(1);
+        const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
+        // gate/up rows of dims 32c .. 32c+31 into registers (as k_moe_fused's loadA)
+        const int rbl = warp & 3, gh = warp >> 2;
+        const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, e);
+        const int64_t rbA = (int64_t)c * 2 + (rbl & 1);
+        uint4 pa[MOE_AG];
+        uint32_t sa[MOE_AG];
+#pragma unroll
+        for (int i = 0; i < MOE_AG; i++) {
+            const int64_t G = gh + 2 * i;
+            if (G < ngu) {
+                pa[i] = __ldg(W.pk + (rbA * ngu + G) * 32 + lane);
+                sa[i] = __ldg(W.psb + (rbA * ngu + G) * 16 + g + 8 * (t & 1));
+            }
+        }
+        // the down columns: half `half` of group c/2 of every row block, into shared memory
+        uint4 *xa = msm;
+        uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4));
+        uint32_t *dsb = (uint32_t *)(dw + nrb * 32);
+        const dmat D = dmat_expert(Wd, e);
+        const int64_t ngd = I / 64, Gd = c >> 1;
+        for (int64_t rb = warp; rb < nrb; rb += 8) {
+            cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
+            if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
+        }
+        cp_async_commit();
+        for (int64_t i0 = 0; i0 < H / 4; i0 += 256) { // stage xn (whole warps per round)
+            const int64_t q = i0 + tid;
+            const bool in = q < H / 4;
+            pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
+        }
+        __syncthreads();
+        mark(2);
+        float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < MOE_AG; i++) {
+            const int64_t G = gh + 2 * i;
+            if (G < ngu) pk_group(pa[i], sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, a0, a1);
+        }
+        if (t == 0) {
+            part[warp][g] = a0;
+            part[warp][g + 8] = a1;
+        }
+        __syncthreads();
+        if (warp == 0) { // lane j: dim 32c + j (gate = row block j/16, warps j/16 and +4; up two on)
+            const int hb = lane >> 4, r = lane & 15;
+            const float gt = part[hb][r] + part[hb + 4][r], up = part[2 + hb][r] + part[6 + hb][r];
+            const float hv = (int64_t)c * 32 + lane < I ? tw[k] * (gt / (1.0f + expf(-gt)) * up) : 0.0f;
+            // staged as one 64-column group: quads 8 half .. 8 half + 7 hold the 32 values, the rest 0
+            const int q = lane & 15, j0 = 4 * (q & 7);
+            const float v0 = __shfl_sync(0xffffffffu, hv, j0), v1 = __shfl_sync(0xffffffffu, hv, j0 + 1),
+                        v2 = __shfl_sync(0xffffffffu, hv, j0 + 2), v3 = __shfl_sync(0xffffffffu, hv, j0 + 3);
+            const bool mine = (q >> 3) == half;
+            pk_stage4(mine ? make_float4(v0, v1, v2, v3) : make_float4(0, 0, 0, 0), q, lane < 16, hq, hsg);
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        mark(3);
+        const float2 hs = make_float2(hsg[0], hsg[1]);
+        for (int64_t rb = warp; rb < nrb; rb += 8) {
+            const uint2 w2 = dw[rb * 32 + lane];
+            const uint4 pq = half ? make_uint4(0u, 0u, w2.x, w2.y) : make_uint4(w2.x, w2.y, 0u, 0u);
+            const uint32_t psr = t < 2 ? dsb[rb * 16 + g + 8 * t] : 0u;
+            float y0 = 0.0f, y1 = 0.0f;
+            pk_group(pq, psr, hq, hs, 0, g, t, y0, y1);
+            if (t == 0) {
+                if (rb * 16 + g < H) moe_fx_add(acc + rb * 16 + g, y0);
+                if (rb * 16 + g + 8 < H) moe_fx_add(acc + rb * 16 + g + 8, y1);
+            }
+        }
+    } else { // the shared expert: groups G0 .. G0 + NSG - 1 of its SI columns
+        const int64_t ngs = SI / 64, G0 = (u - nA) * NSG;
+        uint4 *sw = msm;
+        uint32_t *ssb = (uint32_t *)(sw + nrb * NSG * 32);
+        for (int64_t rb = warp; rb < nrb; rb += 8)
+#pragma unroll
+            for (int gi = 0; gi < NSG; gi++) {
+                cp_async16(sw + (rb * NSG + gi) * 32 + lane, Ws.pk + (rb * ngs + G0 + gi) * 32 + lane, true);
+                if (lane < 16) cp_async4(ssb + (rb * NSG + gi) * 16 + lane, Ws.psb + (rb * ngs + G0 + gi) * 16 + lane, true);
+            }
+        cp_async_commit();
+        pdl_wait(); // shgu and sg come from the previous kernel
+        mark(1);
+        if (warp < NSG) { // warp w stages group w: lanes < 16 one quad each
+            const float gs = 1.0f / (1.0f + expf(-*sg));
+            const int q = lane & 15;
+            const int64_t col = (G0 + warp) * 64 + 4 * q;
+            float4 v = make_float4(0, 0, 0, 0);
+            if (lane < 16) {
+                const float4 a = *(const float4 *)(shgu + col), b = *(const float4 *)(shgu + SI + col);
+                v = make_float4(gs * (a.x / (1.0f + expf(-a.x)) * b.x), gs * (a.y / (1.0f + expf(-a.y)) * b.y),
+                                gs * (a.z / (1.0f + expf(-a.z)) * b.z), gs * (a.w / (1.0f + expf(-a.w)) * b.w));
+            }
+            pk_stage4(v, (int64_t)warp * 16 + q, lane < 16, hq, hsg);
+        }
+        mark(2);
+        cp_async_wait<0>();
+        __syncthreads();
+        mark(3);
+        for (int64_t rb = warp; rb < nrb; rb += 8) {
+            float y0 = 0.0f, y1 = 0.0f;
+#pragma unroll
+            for (int gi = 0; gi < NSG; gi++) {
+                const uint32_t psr = t < 2 ? ssb[(rb * NSG + gi) * 16 + g + 8 * t] : 0u;
+                pk_group(sw[(rb * NSG + gi) * 32 + lane], psr, hq, ((const float2 *)hsg)[gi], gi, g, t, y0, y1);
+            }
+            if (t == 0) {
+                if (rb * 16 + g < H) moe_fx_add(acc + rb * 16 + g, y0);
+                if (rb * 16 + g + 8 < H) moe_fx_add(acc + rb * 16 + g + 8, y1);
+            }
+        }
+    }
+    // the last unit to finish folds acc into x
+    __syncthreads();
+    mark(4);
+    if (tid == 0) {
+        __threadfence(); // this block's additions before its arrival
+        last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last) {
+        __threadfence();
+        for (int64_t h = tid; h < H; h += blockDim.x) {
+            const unsigned long long v = atomicExch(acc + h, 0ull);
+            x[h] += (float)((double)(long long)v * (1.0 / MOE_FX));
+        }
+        if (tid == 0) *count = 0u;
+    }
+    mark(5);
+}
+// Whether k_moe_split serves a layer (as k_moe_fused, and a packed shared down
+// of whole groups); its shared units take NSG = 2 groups when the grid then fits
+// one block per SM, else 1.
+static inline int moe_split_nsg(const dmat &Ws, int64_t H, int64_t I, int K, int n_sm) {
+    if (!Ws.pk || Ws.rows != H || Ws.cols % 64) return 0;
+    const int64_t ngs = Ws.cols / 64;
+    return ngs % 2 == 0 && (int64_t)K * (I / 32) + ngs / 2 <= n_sm ? 2 : 1;
+}
+
 // Whether k_moe_down serves a layer: packed experts and shared expert of the same width.
 static inline int moe_down_mg(const dmat &Wd, const dmat &Ws, int K) {
     if (!Wd.pk || !Ws.pk || Wd.cols != Ws.cols || Wd.rows != Ws.rows || K > MOE_KMAX) return 0;
