@@ -950,7 +950,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
-#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
+#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, ADEC_THREADS, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
                             (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, \
                             s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S)
         if (hd == 128) DEC(4);
