@@ -491,6 +491,63 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
     moe_down_rows(R, rb, Wd.rows, I, gu, true, shgu, tw, K, msm, part, x);
 }
 
+// Phase A of the one-token MoE kernels (k_moe_fused, k_moe_split), for the
+// unit (expert e, intermediate dims 32c .. 32c+31) of 256 threads: warp w
+// takes row block w & 3 (gate lo, gate hi, up lo, up hi) and the groups of
+// parity w >> 2 of the H-wide input.
+#define MOE_AG 16 // groups of the gate/up input per warp (H = 2048: 32 groups over 2 warps)
+struct moe_a_regs {
+    uint4 pa[MOE_AG];
+    uint32_t sa[MOE_AG];
+};
+__device__ __forceinline__ void moe_a_load(moe_a_regs &A, const dmat &Wg, const dmat &Wu, int e, int64_t c, int64_t ngu) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, rbl = warp & 3, gh = warp >> 2;
+    const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, e);
+    const int64_t rb = c * 2 + (rbl & 1);
+#pragma unroll
+    for (int i = 0; i < MOE_AG; i++) {
+        const int64_t G = gh + 2 * i;
+        if (G < ngu) {
+            A.pa[i] = __ldg(W.pk + (rb * ngu + G) * 32 + lane);
+            A.sa[i] = __ldg(W.psb + (rb * ngu + G) * 16 + g + 8 * (t & 1));
+        }
+    }
+}
+// xn (H columns) staged into xa as pk_group reads it (whole warps per round).
+__device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *xa) {
+    for (int64_t i0 = 0; i0 < H / 4; i0 += blockDim.x) {
+        const int64_t q = i0 + threadIdx.x;
+        const bool in = q < H / 4;
+        pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
+    }
+}
+// The unit's products over the staged input: warp w's rows into pw[w * ps + r]
+// (r < 16), then, after a barrier, lane j < 32 of warp 0 (every thread may call
+// it; only tid < 32 get a value) returns silu(gate_j) * up_j. Ends with a barrier.
+__device__ __forceinline__ float moe_a_swiglu(const moe_a_regs &A, const uint4 *xa, int64_t H, float *pw, int ps) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, gh = warp >> 2;
+    const int64_t ngu = H / 64;
+    float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < MOE_AG; i++) {
+        const int64_t G = gh + 2 * i;
+        if (G < ngu) pk_group(A.pa[i], A.sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, acc0, acc1);
+    }
+    if (t == 0) {
+        pw[warp * ps + g] = acc0;
+        pw[warp * ps + g + 8] = acc1;
+    }
+    __syncthreads();
+    float h = 0.0f;
+    if (tid < 32) { // gate = row block tid/16 (warps hb and hb + 4 hold its two group parities), up = 2 on
+        const int hb = tid >> 4, r = tid & 15;
+        const float gt = pw[hb * ps + r] + pw[(hb + 4) * ps + r], up = pw[(2 + hb) * ps + r] + pw[(6 + hb) * ps + r];
+        h = gt / (1.0f + expf(-gt)) * up;
+    }
+    __syncthreads();
+    return h;
+}
+
 // One token's whole MoE block after the router in one cooperative kernel:
 // every block makes the top-k from the router logits (E <= 256, K <= 8), then
 //   A. gate/up and SwiGLU: unit u = (slot k = u / (I/32), 32 intermediate dims
@@ -503,7 +560,6 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
 // predecessor wait) are loaded into registers before A starts, so B's loads
 // overlap A. It replaces two launches (the gate/up GEMV with its top-k, and
 // k_moe_down) and the time between them. Needs H <= 64 * 2 * MOE_AG columns.
-#define MOE_AG 16 // groups of the gate/up input per warp (H = 2048: 32 groups over 2 warps)
 template <int MG>
 __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
@@ -513,7 +569,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
     __shared__ float part[8][MOE_KMAX + 1][17];
     __shared__ int ti[MOE_KMAX];
     __shared__ float tw[MOE_KMAX + 1];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int tid = threadIdx.x;
     const int64_t ngd = I / 64, ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk;
     uint4 *xa = msm + moe_down_smem(I, K) / 16; // A's input: int8 pieces (H/4 uint4), then {Σx, σ} per group
     moe_dn_regs<MG> R;
@@ -527,54 +583,20 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
     if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
     __syncthreads();
     mark(1);
-    uint4 pa[MOE_AG];
-    uint32_t sa[MOE_AG];
-    const int rbl = warp & 3, gh = warp >> 2; // A: row block (gate lo, gate hi, up lo, up hi), group parity
-    auto loadA = [&](int64_t u) {
-        const int k = (int)(u / upk);
-        const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, ti[k]);
-        const int64_t rb = (u % upk) * 2 + (rbl & 1);
-#pragma unroll
-        for (int i = 0; i < MOE_AG; i++) {
-            const int64_t G = gh + 2 * i;
-            if (G < ngu) {
-                pa[i] = __ldg(W.pk + (rb * ngu + G) * 32 + lane);
-                sa[i] = __ldg(W.psb + (rb * ngu + G) * 16 + g + 8 * (t & 1));
-            }
-        }
-    };
-    if (blockIdx.x < nA) loadA(blockIdx.x);
+    moe_a_regs A;
+    if (blockIdx.x < nA) moe_a_load(A, Wg, Wu, ti[blockIdx.x / upk], blockIdx.x % upk, ngu);
     if (rb0 < nrb)
 #pragma unroll
         for (int k = 0; k < MOE_KMAX; k++)
             if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb0, ngd);
-    for (int64_t i0 = 0; i0 < H / 4; i0 += 256) { // stage xn (whole warps per round)
-        const int64_t q = i0 + tid;
-        const bool in = q < H / 4;
-        pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
-    }
+    moe_stage_xn(xn, H, xa);
     __syncthreads();
     mark(2);
     for (int64_t u = blockIdx.x; u < nA; u += gridDim.x) {
-        if (u != blockIdx.x) loadA(u);
-        float acc0 = 0.0f, acc1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MOE_AG; i++) {
-            const int64_t G = gh + 2 * i;
-            if (G < ngu) pk_group(pa[i], sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, acc0, acc1);
-        }
-        if (t == 0) {
-            part[warp][0][g] = acc0;
-            part[warp][0][g + 8] = acc1;
-        }
-        __syncthreads();
-        if (tid < 32) { // dim d0 + tid: gate = row block tid/16 (warps 0-1 and 4-5 hold halves), up = 2 on
-            const int hb = tid >> 4, r = tid & 15;
-            const float gt = part[hb][0][r] + part[hb + 4][0][r], up = part[2 + hb][0][r] + part[6 + hb][0][r];
-            const int64_t d = (u % upk) * 32 + tid;
-            if (d < I) act[(u / upk) * I + d] = gt / (1.0f + expf(-gt)) * up;
-        }
-        __syncthreads();
+        if (u != blockIdx.x) moe_a_load(A, Wg, Wu, ti[u / upk], u % upk, ngu);
+        const float h = moe_a_swiglu(A, xa, H, &part[0][0][0], (MOE_KMAX + 1) * 17);
+        const int64_t d = (u % upk) * 32 + tid;
+        if (tid < 32 && d < I) act[(u / upk) * I + d] = h;
     }
     mark(3);
     int nb = 0;
@@ -647,20 +669,8 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         __syncthreads();
         mark(1);
         const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
-        // gate/up rows of dims 32c .. 32c+31 into registers (as k_moe_fused's loadA)
-        const int rbl = warp & 3, gh = warp >> 2;
-        const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, e);
-        const int64_t rbA = (int64_t)c * 2 + (rbl & 1);
-        uint4 pa[MOE_AG];
-        uint32_t sa[MOE_AG];
-#pragma unroll
-        for (int i = 0; i < MOE_AG; i++) {
-            const int64_t G = gh + 2 * i;
-            if (G < ngu) {
-                pa[i] = __ldg(W.pk + (rbA * ngu + G) * 32 + lane);
-                sa[i] = __ldg(W.psb + (rbA * ngu + G) * 16 + g + 8 * (t & 1));
-            }
-        }
+        moe_a_regs A; // gate/up rows of dims 32c .. 32c+31 into registers
+        moe_a_load(A, Wg, Wu, e, c, ngu);
         // the down columns: half `half` of group c/2 of every row block, into shared memory
         uint4 *xa = msm;
         uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4));
@@ -672,28 +682,12 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
         cp_async_commit();
-        for (int64_t i0 = 0; i0 < H / 4; i0 += 256) { // stage xn (whole warps per round)
-            const int64_t q = i0 + tid;
-            const bool in = q < H / 4;
-            pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
-        }
+        moe_stage_xn(xn, H, xa);
         __syncthreads();
         mark(2);
-        float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < MOE_AG; i++) {
-            const int64_t G = gh + 2 * i;
-            if (G < ngu) pk_group(pa[i], sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, a0, a1);
-        }
-        if (t == 0) {
-            part[warp][g] = a0;
-            part[warp][g + 8] = a1;
-        }
-        __syncthreads();
+        const float hsw = moe_a_swiglu(A, xa, H, &part[0][0], 17);
         if (warp == 0) { // lane j: dim 32c + j (gate = row block j/16, warps j/16 and +4; up two on)
-            const int hb = lane >> 4, r = lane & 15;
-            const float gt = part[hb][r] + part[hb + 4][r], up = part[2 + hb][r] + part[6 + hb][r];
-            const float hv = (int64_t)c * 32 + lane < I ? tw[k] * (gt / (1.0f + expf(-gt)) * up) : 0.0f;
+            const float hv = (int64_t)c * 32 + lane < I ? tw[k] * hsw : 0.0f;
             // staged as one 64-column group: quads 8 half .. 8 half + 7 hold the 32 values, the rest 0
             const int q = lane & 15, j0 = 4 * (q & 7);
             const float v0 = __shfl_sync(0xffffffffu, hv, j0), v1 = __shfl_sync(0xffffffffu, hv, j0 + 1),
