@@ -645,6 +645,13 @@ __host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
 __device__ __forceinline__ void moe_fx_add(unsigned long long *a, float v) {
     atomicAdd(a, (unsigned long long)__double2ll_rn((double)v * MOE_FX));
 }
+// pk_group's rows 16rb+g (y0 of lane t == 0) and 16rb+g+8 (its y1, handed to
+// lane t == 1) into acc: one atomic instruction of 16 lanes. Warp-uniform.
+__device__ __forceinline__ void moe_fx_rows(unsigned long long *acc, int64_t rb, int g, int t, float y0, float y1, int64_t H) {
+    const float y1n = __shfl_up_sync(0xffffffffu, y1, 1);
+    const int64_t r = rb * 16 + g + 8 * t;
+    if (t < 2 && r < H) moe_fx_add(acc + r, t == 0 ? y0 : y1n);
+}
 template <int NSG>
 __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
@@ -705,10 +712,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             const uint32_t psr = t < 2 ? dsb[rb * 16 + g + 8 * t] : 0u;
             float y0 = 0.0f, y1 = 0.0f;
             pk_group(pq, psr, hq, hs, 0, g, t, y0, y1);
-            if (t == 0) {
-                if (rb * 16 + g < H) moe_fx_add(acc + rb * 16 + g, y0);
-                if (rb * 16 + g + 8 < H) moe_fx_add(acc + rb * 16 + g + 8, y1);
-            }
+            moe_fx_rows(acc, rb, g, t, y0, y1, H);
         }
     } else { // the shared expert: groups G0 .. G0 + NSG - 1 of its SI columns
         const int64_t ngs = SI / 64, G0 = (u - nA) * NSG;
@@ -746,10 +750,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
                 const uint32_t psr = t < 2 ? ssb[(rb * NSG + gi) * 16 + g + 8 * t] : 0u;
                 pk_group(sw[(rb * NSG + gi) * 32 + lane], psr, hq, ((const float2 *)hsg)[gi], gi, g, t, y0, y1);
             }
-            if (t == 0) {
-                if (rb * 16 + g < H) moe_fx_add(acc + rb * 16 + g, y0);
-                if (rb * 16 + g + 8 < H) moe_fx_add(acc + rb * 16 + g + 8, y1);
-            }
+            moe_fx_rows(acc, rb, g, t, y0, y1, H);
         }
     }
     // the last unit to finish folds acc into x
@@ -762,9 +763,23 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     __syncthreads();
     if (last) {
         __threadfence();
-        for (int64_t h = tid; h < H; h += blockDim.x) {
-            const unsigned long long v = atomicExch(acc + h, 0ull);
-            x[h] += (float)((double)(long long)v * (1.0 / MOE_FX));
+        for (int64_t h0 = tid; h0 < H; h0 += 8 * (int64_t)blockDim.x) { // 8 rows per thread in flight at once
+            unsigned long long v[8];
+            float xv[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int64_t h = h0 + (int64_t)i * blockDim.x;
+                v[i] = h < H ? __ldcg(acc + h) : 0ull; // the L2, where the atomics were made
+                xv[i] = h < H ? x[h] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int64_t h = h0 + (int64_t)i * blockDim.x;
+                if (h < H) {
+                    x[h] = xv[i] + (float)((double)(long long)v[i] * (1.0 / MOE_FX));
+                    acc[h] = 0ull;
+                }
+            }
         }
         if (tid == 0) *count = 0u;
     }
