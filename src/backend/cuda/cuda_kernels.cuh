@@ -795,9 +795,10 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
     constexpr int HD = DPL * 32, KLD = HD + 4, DW = HD / 8; // DW: head dims per warp
     extern __shared__ __align__(16) float asm_[];
-    __shared__ float sp[8][8][ADEC_TK];          // partial scores [warp][head][key]
-    __shared__ __align__(16) float pb[ADEC_TK][8]; // probabilities [key][head]
-    __shared__ float corrs[8];
+    // per step, double-buffered by its parity (so no barrier is needed after its last reads):
+    __shared__ float sp[2][8][8][ADEC_TK];          // partial scores [warp][head][key]
+    __shared__ __align__(16) float pb[2][ADEC_TK][8]; // probabilities [key][head]
+    __shared__ float corrs[2][8];
     float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
@@ -817,8 +818,9 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
         }
         cp_async_commit();
     };
-    // always ADEC_ST - 1 commit groups here and one per tile below, so that the
-    // wait for tile it is "all but the newest ADEC_ST - 1 groups"
+    // always ADEC_ST - 1 commit groups here and one per tile below (issued after
+    // the tile's barrier), so that the wait for tile it is "all but the newest
+    // ADEC_ST - 2 groups"
     static_assert(ADEC_ST == 3, "the prologue issues two tiles");
     if (ntile > 0) load(0, 0);
     else cp_async_commit();
@@ -840,8 +842,9 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
 #pragma unroll
     for (int h = 0; h < 8; h++) acc[h] = 0.0f;
     // cnt keys whose K rows start at kb (row stride kld) and V rows at vb (stride HD);
-    // every thread calls it (it has barriers), after a barrier that made them and qs visible
-    auto step = [&](const float *kb, int kld, const float *vb, int cnt) {
+    // every thread calls it (it has barriers), after a barrier that made them and qs visible;
+    // `par`: which of the two sp/pb/corrs buffers (the step's number, mod 2)
+    auto step = [&](const float *kb, int kld, const float *vb, int cnt, int par) {
         float d[8];
 #pragma unroll
         for (int h = 0; h < 8; h++) d[h] = 0.0f;
@@ -859,51 +862,50 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
             }
         }
 #pragma unroll
-        for (int h = 0; h < 8; h++) sp[warp][h][lane] = d[h];
+        for (int h = 0; h < 8; h++) sp[par][warp][h][lane] = d[h];
         __syncthreads();
         if (warp < G) { // head `warp`, key `lane`
             float sc = -INFINITY;
             if (lane < cnt) {
                 sc = 0.0f;
 #pragma unroll
-                for (int w = 0; w < 8; w++) sc += sp[w][warp][lane];
+                for (int w = 0; w < 8; w++) sc += sp[par][w][warp][lane];
             }
             const float mn = fmaxf(m, warp_max(sc)), corr = expf(m - mn); // m = -inf at first: corr 0
             const float pe = lane < cnt ? expf(sc - mn) : 0.0f;
             l = l * corr + warp_sum(pe);
             m = mn;
-            pb[lane][warp] = pe;
-            if (lane == 0) corrs[warp] = corr;
+            pb[par][lane][warp] = pe;
+            if (lane == 0) corrs[par][warp] = corr;
         }
         __syncthreads();
         if (lane < DW) {
             const float *vc0 = vb + warp * DW + lane;
 #pragma unroll
             for (int h = 0; h < 8; h++)
-                if (h < G) acc[h] *= corrs[h];
+                if (h < G) acc[h] *= corrs[par][h];
             for (int j = 0; j < cnt; j++) {
                 const float v = vc0[(size_t)j * HD];
-                const float4 p0 = *(const float4 *)&pb[j][0], p1 = *(const float4 *)&pb[j][4]; // broadcast
+                const float4 p0 = *(const float4 *)&pb[par][j][0], p1 = *(const float4 *)&pb[par][j][4]; // broadcast
                 acc[0] += p0.x * v; acc[1] += p0.y * v; acc[2] += p0.z * v; acc[3] += p0.w * v;
                 acc[4] += p1.x * v; acc[5] += p1.y * v; acc[6] += p1.z * v; acc[7] += p1.w * v;
             }
         }
-        __syncthreads(); // sp, pb and corrs are rewritten by the next step
     };
     for (int it = 0; it < ntile; it++) {
         const int b = it % ADEC_ST;
-        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left (barrier in step)
+        cp_async_wait<ADEC_ST - 2>(); // all but the newest group: tile it has landed
+        __syncthreads(); // tile it (and qs) visible to every warp, and every warp is done with tile it - 1
+        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left
         else cp_async_commit();
-        cp_async_wait<ADEC_ST - 1>();
-        __syncthreads(); // tile it (and qs) visible to every warp
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
         const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        step(ks + (size_t)b * ADEC_TK * KLD, KLD, vs + (size_t)b * ADEC_TK * HD, cnt);
+        step(ks + (size_t)b * ADEC_TK * KLD, KLD, vs + (size_t)b * ADEC_TK * HD, cnt, it & 1);
     }
     cp_async_wait<0>();
     if (last) { // key p, from shared memory
-        __syncthreads(); // kp, vp (and qs, when there was no tile)
-        step(kp, KLD, vp, 1);
+        __syncthreads(); // kp, vp (and qs, when there was no tile); the last tile's step done
+        step(kp, KLD, vp, 1, ntile & 1);
     }
     // acc of heads past G holds garbage (pb's columns past G are never written) and is not stored
 #pragma unroll
