@@ -90,7 +90,9 @@ fi
 if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) and decode kernels (Nsight Compute)
     step synth-full ./build/lilac synth --out /tmp/full --seed 7
     LILAC_PROFILE=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-4096} --rounds 1 \
-        --decode-steps 4 2>&1 | grep -E "profile T=|prefill/s|^ +[0-9]" | head -8
+        --decode-steps 4 > "$OUT/profile-prefill.log" 2>&1
+    grep -E "prefill/s|^ +[0-9]" "$OUT/profile-prefill.log"
+    python3 tools/device/prefill_phases.py < "$OUT/profile-prefill.log"  # phases summed over each prompt's chunks
     COUNT=${COUNT:-360} bash tools/device/profile.sh /tmp/full 2>&1 | head -${LINES_MAX:-90}
     # the persistent decode kernel's phases (cuda_decode.cuh), one token at position 0
     LILAC_PERSISTENT=1 LILAC_PROFILE=1 ./build/lilac generate --model /tmp/full --backend cuda --ids 1 --max-tokens 2 2>&1 |
