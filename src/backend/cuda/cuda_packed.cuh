@@ -770,7 +770,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             for (int i = 0; i < 8; i++) {
                 const int64_t h = h0 + (int64_t)i * blockDim.x;
                 v[i] = h < H ? __ldcg(acc + h) : 0ull; // the L2, where the atomics were made
-                xv[i] = h < H ? x[h] : 0.0f;
+                xv[i] = h < H ? __ldcg(x + h) : 0.0f;
             }
 #pragma unroll
             for (int i = 0; i < 8; i++) {
