@@ -251,8 +251,8 @@ static bool run_dec_case(const Case &c, bool timed) {
     auto run = [&]() {
         const dim3 g((unsigned)nkv, (unsigned)S);
         if (hd == 128)
-            k_attn_dec<4><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
-        else k_attn_dec<8><<<g, 32 * G, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
+            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
+        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
         CK(cudaGetLastError());
         k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout);
         CK(cudaGetLastError());

@@ -470,7 +470,8 @@ static void test_moe_down(void) {
 // renormalised when norm). Launched cooperatively as the backend does, at the
 // backend's grid and at a small one (blocks loop over units); the barrier
 // words are reused from case to case, as from layer to layer.
-static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar) {
+// nsg > 0: k_moe_split with shared units of nsg groups instead (grid: its units; no SwiGLU rows to check).
+static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar, int nsg = 0) {
     qmat *gt = make_qmat(I, H, 4, 64, E), *up = make_qmat(I, H, 4, 64, E), *dn = make_qmat(H, I, 4, 64, E),
          *sh = make_qmat(H, I, 4, 64);
     std::vector<float> xn = rand_vec((size_t)H, 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f), x0 = rand_vec((size_t)H, 1.0f),
@@ -496,8 +497,62 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
     const bool ok = mg > 0 && moe_fused_ok(gt->W, up->W, H, I, K, E);
     CHECKF(ok, "k_moe_fused refused %lld x %lld", (long long)H, (long long)I);
     if (!ok) return;
+    std::vector<float> got, got_act;
+    if (nsg) { // k_moe_split: every unit a block, fixed-point sums left at zero after each launch
+        const size_t smx = moe_split_smem(H, nsg);
+        CK(cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smx));
+        grid = (int)(K * (I / 32) + I / (64 * nsg));
+        dbuf<unsigned long long> acc((size_t)H);
+        dbuf<unsigned> cnt(1);
+        acc.fill_bytes(0);
+        cnt.fill_bytes(0);
+        auto go = [&](unsigned long long *P) {
+            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+            else k_moe_split<1><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+        };
+        go(nullptr);
+        CKL();
+        got = dx.get();
+        const std::vector<unsigned long long> left = acc.get();
+        size_t nz = 0;
+        for (unsigned long long v : left) nz += v != 0;
+        CHECKF(nz == 0 && cnt.get()[0] == 0, "k_moe_split left %zu sums and count %u behind", nz, cnt.get()[0]);
+        if (H == 2048 && I == 512 && E == 256) {
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            for (int i = 0; i < 3; i++) go(nullptr);
+            CK(cudaEventRecord(a));
+            for (int i = 0; i < 20; i++) go(nullptr);
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms = 0.0f;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            dbuf<unsigned long long> prof((size_t)6 * grid);
+            go(prof.p);
+            CKL();
+            const std::vector<unsigned long long> tt = prof.get();
+            unsigned long long t0 = ~0ull;
+            for (int i = 0; i < grid; i++) t0 = std::min(t0, tt[(size_t)i]);
+            const int nA = (int)(K * (I / 32));
+            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us from the first block's start, median / max", 1000.0f * ms / 20);
+            const char *nm[6] = {"start", "wait+top-k", "input staged", "h staged, down weights in", "sums added", "end"};
+            for (int part = 0; part < 2; part++) { // routed units, then shared
+                printf("\n    %s units:", part ? "shared" : "routed");
+                for (int pt = 0; pt < 6; pt++) {
+                    std::vector<double> v;
+                    for (int i = part ? nA : 0; i < (part ? grid : nA); i++) v.push_back((double)(tt[(size_t)pt * grid + i] - t0) * 1e-3);
+                    std::sort(v.begin(), v.end());
+                    printf(" %s %.2f / %.2f%s", nm[pt], v[v.size() / 2], v.back(), pt < 5 ? "," : "");
+                }
+            }
+            printf("\n");
+            CK(cudaEventDestroy(a));
+            CK(cudaEventDestroy(b));
+        }
+    }
     const size_t sm = moe_fused_smem(H, I, K);
-    if (grid <= 0) { // the backend's: every unit a block, as many as fit at once
+    if (!nsg && grid <= 0) { // the backend's: every unit a block, as many as fit at once
         int per_sm = 0, nsm = 0;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm));
         CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
@@ -507,10 +562,13 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
 #define FUSED(MG, P) launch_coop(0, false, k_moe_fused<MG>, dim3((unsigned)grid), dim3(256), sm, gt->W, up->W, dn->W, sh->W, \
                                  (const float *)dxn.p, H, (const float *)dlg.p, E, norm, (const float *)dsh.p, I,        \
                                  (const float *)dsg.p, K, dact.p, bar.p, dx.p, (unsigned long long *)(P))
+    if (!nsg) {
     CK(mg == 1 ? FUSED(1, nullptr) : FUSED(2, nullptr));
     CKL();
-    const std::vector<float> got = dx.get(), got_act = dact.get();
-    if (H == 2048 && norm) { // the model's shape: where a launch's time goes (x keeps accumulating; checked above)
+    got = dx.get();
+    got_act = dact.get();
+    }
+    if (!nsg && H == 2048 && norm) { // the model's shape: where a launch's time goes (x keeps accumulating; checked above)
         cudaEvent_t a, b;
         CK(cudaEventCreate(&a));
         CK(cudaEventCreate(&b));
@@ -563,9 +621,9 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
         }
         ref[(size_t)r] = x0[(size_t)r] + a;
     }
-    const double e = rel_err(got, ref), ea = rel_err(got_act, act);
-    printf("  moe_fused %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: SwiGLU rows rel err %.2e, x rel err %.2e\n",
-           (long long)H, (long long)I, K, E, norm, grid, ea, e);
+    const double e = rel_err(got, ref), ea = nsg ? 0.0 : rel_err(got_act, act);
+    printf("  moe_%s %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: SwiGLU rows rel err %.2e, x rel err %.2e\n",
+           nsg ? "split" : "fused", (long long)H, (long long)I, K, E, norm, grid, ea, e);
     CHECKF(ea <= BAR && e <= BAR, "k_moe_fused %lld x %lld K=%d grid %d: rel err %.3e / %.3e", (long long)H, (long long)I, K,
            grid, ea, e);
     delete gt;
@@ -582,6 +640,11 @@ static void test_moe_fused(void) {
     moe_fused_case(2048, 512, 8, 64, 1, 7, bar);  // 7 blocks: each loops over its units
     moe_fused_case(256, 1024, 3, 16, 1, 0, bar);  // 16 down groups (the second instance)
     moe_fused_case(128, 64, 2, 4, 1, 0, bar);     // two input groups; fewer A units than row blocks
+    // k_moe_split (no grid barrier) against the same reference
+    moe_fused_case(2048, 512, 8, 256, 1, 0, bar, 2); // the model's shape: 128 routed + 4 shared units
+    moe_fused_case(2048, 512, 8, 256, 0, 0, bar, 1);
+    moe_fused_case(256, 1024, 3, 16, 1, 0, bar, 2);
+    moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 2 routed units of one expert's 64 dims, one shared
 }
 
 static void gemm_case(int64_t T, int n, qmat **ms, int xm) {

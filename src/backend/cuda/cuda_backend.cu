@@ -321,6 +321,9 @@ struct lilac_session {
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
     int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
+    int moe_nsg;       // LILAC_MOE_SPLIT=1: k_moe_split instead, its shared units' groups (0: not in use)
+    unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
+    unsigned *moe_count;         // and its arrival count
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -697,6 +700,14 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm) == cudaSuccess;
             const int64_t units = std::max(K * c->moe_inter / 32, (H + 15) / 16);
             s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
+            const char *sp = getenv("LILAC_MOE_SPLIT"); // (an experiment: no grid barrier)
+            const int nsg = sp && !strcmp(sp, "1") ? moe_split_nsg(d0.sh_down, H, c->moe_inter, (int)K, s->n_sm) : 0;
+            if (ok && nsg) {
+                ok = dalloc(s, &s->moe_acc, (size_t)H, err) == 0 && dalloc(s, &s->moe_count, 1, err) == 0 &&
+                     cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)moe_split_smem(H, nsg)) == cudaSuccess;
+                s->moe_nsg = nsg;
+            }
         }
     }
     if (!ok || mk_setup(s, err) < 0) {
@@ -939,7 +950,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
-#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, 32 * G, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
+#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, ADEC_THREADS, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
                             (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, \
                             s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S)
         if (hd == 128) DEC(4);
@@ -1039,6 +1050,20 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
         if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
             // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
+            if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
+                const int nsg = s->moe_nsg;
+                const unsigned grid = (unsigned)(K * (I / 32) + d.sh_down.cols / (64 * nsg));
+#define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
+                            (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
+                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
+                            (unsigned long long *)nullptr)
+                if (nsg == 2) SPLIT(2);
+                else SPLIT(1);
+#undef SPLIT
+                CKL();
+                prof_mark(s, PH_MOE_EXPERTS);
+                return 0;
+            }
             const size_t sm = moe_fused_smem(H, I, K);
 #define FUSED(MG) launch_coop(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate,     \
                               d.exp_up, d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E,          \

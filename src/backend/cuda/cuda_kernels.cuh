@@ -764,18 +764,21 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 }
 
 // Decode attention for one query token, GQA-packed: block (kv head kh, split
-// s) reads each K/V row of its split once for the G = nh/nkv query heads that
-// share it (warp w: query head kh*G + w). Keys go 32 at a time through shared
-// memory (cp.async, ADEC_ST buffers; K rows padded so that lane i reading key
-// i's row with 16-byte loads meets no bank conflict). Lane i scores key i, a
-// tile's max and sum are one warp reduction each, and lane i owns output dims
-// 4(i + 32c) .. +3. k_attn read each row once per query head (8 times here,
-// mostly from the L2): at 4k context that L2 traffic, not DRAM, bounded it.
+// s) serves the G = nh/nkv query heads (G <= 8) that share the KV head, and
+// reads each K and V element of its split from shared memory once for all of
+// them. Keys go 32 at a time through shared memory (cp.async, ADEC_ST
+// buffers). Scores: lane i takes key i, warp w the head dims [w HD/8, (w+1)
+// HD/8) of all G heads (q broadcast from shared memory); the 8 warps' partial
+// dot products meet in shared memory, warp h sums head h's, and keeps its
+// running max and sum. Values: warp w, lane d: output dim w HD/8 + d of every
+// head. (The kernel before took one warp per head: every K and V element was
+// read from shared memory G times, which bounded it at 1.4 TB/s of K/V.)
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
-// k_attn_combine; an empty split leaves max -inf and sum 0. G <= 8 (qs holds 8 heads).
+// k_attn_combine; an empty split leaves max -inf and sum 0.
 #define ADEC_TK 32
-#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored (1.44 TB/s of K/V at 32k; two buffers: 1.46, the same)
+#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
+#define ADEC_THREADS 256 // 8 warps, whatever G is
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
     return sizeof(float) * ((size_t)10 * hd + (size_t)ADEC_ST * ADEC_TK * (hd + 4) + (size_t)ADEC_ST * ADEC_TK * hd);
@@ -786,12 +789,16 @@ __host__ __device__ inline size_t attn_dec_smem(int hd) {
 // stores it to the cache for later steps, and scores it from there after its
 // cached keys [j0, p), which it loads meanwhile.
 template <int DPL>
-__global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
+__global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
                                                      const float *kn, const float *inv_freq, int rd, float eps, float *kc,
                                                      float *vc, const int *d_pos, int nh, int nkv, float *part, int S) {
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
-    constexpr int HD = DPL * 32, KLD = HD + 4, NC = DPL / 4;
+    constexpr int HD = DPL * 32, KLD = HD + 4, DW = HD / 8; // DW: head dims per warp
     extern __shared__ __align__(16) float asm_[];
+    // per step, double-buffered by its parity (so no barrier is needed after its last reads):
+    __shared__ float sp[2][8][8][ADEC_TK];          // partial scores [warp][head][key]
+    __shared__ __align__(16) float pb[2][ADEC_TK][8]; // probabilities [key][head]
+    __shared__ float corrs[2][8];
     float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
@@ -811,8 +818,9 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         }
         cp_async_commit();
     };
-    // always ADEC_ST - 1 commit groups here and one per tile below, so that the
-    // wait for tile it is "all but the newest ADEC_ST - 1 groups"
+    // always ADEC_ST - 1 commit groups here and one per tile below (issued after
+    // the tile's barrier), so that the wait for tile it is "all but the newest
+    // ADEC_ST - 2 groups"
     static_assert(ADEC_ST == 3, "the prologue issues two tiles");
     if (ntile > 0) load(0, 0);
     else cp_async_commit();
@@ -829,91 +837,84 @@ __global__ void __launch_bounds__(256) k_attn_dec(const float *qg, const float *
         }
         for (int i = tid; i < HD; i += nthr) vd[i] = vp[i] = vx[(int64_t)kh * HD + i];
     }
-    const bool active = warp < G;
-    float m = -INFINITY, l = 0.0f;
-    float4 acc[NC];
+    float m = -INFINITY, l = 0.0f; // head `warp`'s running max and sum (warps < G)
+    float acc[8];                   // output dim warp*DW + lane of each head (lanes < DW)
 #pragma unroll
-    for (int c = 0; c < NC; c++) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int it = 0; it < ntile; it++) {
-        const int b = it % ADEC_ST;
-        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left (barrier below)
-        else cp_async_commit();
-        cp_async_wait<ADEC_ST - 1>();
-        __syncthreads(); // tile it (and qs) visible to every warp
-        if (active) {
-            const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
-            const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
+    for (int h = 0; h < 8; h++) acc[h] = 0.0f;
+    // cnt keys whose K rows start at kb (row stride kld) and V rows at vb (stride HD);
+    // every thread calls it (it has barriers), after a barrier that made them and qs visible;
+    // `par`: which of the two sp/pb/corrs buffers (the step's number, mod 2)
+    auto step = [&](const float *kb, int kld, const float *vb, int cnt, int par) {
+        float d[8];
+#pragma unroll
+        for (int h = 0; h < 8; h++) d[h] = 0.0f;
+        if (lane < cnt) {
+            const float *kr = kb + (size_t)lane * kld + warp * DW;
+#pragma unroll
+            for (int c = 0; c < DW; c += 4) {
+                const float4 kv = *(const float4 *)(kr + c);
+#pragma unroll
+                for (int h = 0; h < 8; h++)
+                    if (h < G) {
+                        const float4 qv = *(const float4 *)(qs + h * HD + warp * DW + c); // broadcast
+                        d[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                    }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 8; h++) sp[par][warp][h][lane] = d[h];
+        __syncthreads();
+        if (warp < G) { // head `warp`, key `lane`
             float sc = -INFINITY;
             if (lane < cnt) {
-                const float *kr = ks + ((size_t)b * ADEC_TK + lane) * KLD, *q = qs + warp * HD;
-                float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-#pragma unroll 8
-                for (int d = 0; d < HD; d += 4) {
-                    const float4 kv = *(const float4 *)(kr + d), qv = *(const float4 *)(q + d);
-                    d0 += qv.x * kv.x;
-                    d1 += qv.y * kv.y;
-                    d2 += qv.z * kv.z;
-                    d3 += qv.w * kv.w;
-                }
-                sc = (d0 + d1) + (d2 + d3);
+                sc = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 8; w++) sc += sp[par][w][warp][lane];
             }
             const float mn = fmaxf(m, warp_max(sc)), corr = expf(m - mn); // m = -inf at first: corr 0
-            const float p = lane < cnt ? expf(sc - mn) : 0.0f;
-            l = l * corr + warp_sum(p);
-#pragma unroll
-            for (int c = 0; c < NC; c++) acc[c] = make_float4(acc[c].x * corr, acc[c].y * corr, acc[c].z * corr, acc[c].w * corr);
-            const float *vb = vs + (size_t)b * ADEC_TK * HD + 4 * lane;
-            for (int jj = 0; jj < cnt; jj++) {
-                const float pj = __shfl_sync(0xffffffffu, p, jj);
-#pragma unroll
-                for (int c = 0; c < NC; c++) {
-                    const float4 v = *(const float4 *)(vb + (size_t)jj * HD + 128 * c);
-                    acc[c].x += pj * v.x;
-                    acc[c].y += pj * v.y;
-                    acc[c].z += pj * v.z;
-                    acc[c].w += pj * v.w;
-                }
-            }
+            const float pe = lane < cnt ? expf(sc - mn) : 0.0f;
+            l = l * corr + warp_sum(pe);
             m = mn;
+            pb[par][lane][warp] = pe;
+            if (lane == 0) corrs[par][warp] = corr;
         }
-        __syncthreads(); // buffer b is refilled at the start of the next round
+        __syncthreads();
+        if (lane < DW) {
+            const float *vc0 = vb + warp * DW + lane;
+#pragma unroll
+            for (int h = 0; h < 8; h++)
+                if (h < G) acc[h] *= corrs[par][h];
+            for (int j = 0; j < cnt; j++) {
+                const float v = vc0[(size_t)j * HD];
+                const float4 p0 = *(const float4 *)&pb[par][j][0], p1 = *(const float4 *)&pb[par][j][4]; // broadcast
+                acc[0] += p0.x * v; acc[1] += p0.y * v; acc[2] += p0.z * v; acc[3] += p0.w * v;
+                acc[4] += p1.x * v; acc[5] += p1.y * v; acc[6] += p1.z * v; acc[7] += p1.w * v;
+            }
+        }
+    };
+    for (int it = 0; it < ntile; it++) {
+        const int b = it % ADEC_ST;
+        cp_async_wait<ADEC_ST - 2>(); // all but the newest group: tile it has landed
+        __syncthreads(); // tile it (and qs) visible to every warp, and every warp is done with tile it - 1
+        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left
+        else cp_async_commit();
+        const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
+        const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
+        step(ks + (size_t)b * ADEC_TK * KLD, KLD, vs + (size_t)b * ADEC_TK * HD, cnt, it & 1);
     }
     cp_async_wait<0>();
     if (last) { // key p, from shared memory
-        __syncthreads(); // kp, vp (and qs, when there was no tile)
-        if (active) {
-            const float *q = qs + warp * HD;
-            float d = 0.0f;
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const float4 kv = *(const float4 *)(kp + 4 * lane + 128 * c), qv = *(const float4 *)(q + 4 * lane + 128 * c);
-                d += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-            }
-            const float sc = warp_sum(d), mn = fmaxf(m, sc), corr = expf(m - mn), pe = expf(sc - mn);
-            l = l * corr + pe;
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const float4 v = *(const float4 *)(vp + 4 * lane + 128 * c);
-                acc[c] = make_float4(acc[c].x * corr + pe * v.x, acc[c].y * corr + pe * v.y, acc[c].z * corr + pe * v.z,
-                                     acc[c].w * corr + pe * v.w);
-            }
-            m = mn;
-        }
+        __syncthreads(); // kp, vp (and qs, when there was no tile); the last tile's step done
+        step(kp, KLD, vp, 1, ntile & 1);
     }
-    if (active) {
-        float *pp = part + ((int64_t)(kh * G + warp) * S + s) * (HD + 2);
+    // acc of heads past G holds garbage (pb's columns past G are never written) and is not stored
 #pragma unroll
-        for (int c = 0; c < NC; c++) { // scalar stores: a partial is hd + 2 floats, not 16-byte aligned
-            float *o = pp + 4 * lane + 128 * c;
-            o[0] = acc[c].x;
-            o[1] = acc[c].y;
-            o[2] = acc[c].z;
-            o[3] = acc[c].w;
-        }
-        if (lane == 0) {
-            pp[HD] = m;
-            pp[HD + 1] = l;
-        }
+    for (int h = 0; h < 8; h++)
+        if (h < G && lane < DW) part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + warp * DW + lane] = acc[h];
+    if (warp < G && lane == 0) {
+        float *pp = part + ((int64_t)(kh * G + warp) * S + s) * (HD + 2);
+        pp[HD] = m;
+        pp[HD + 1] = l;
     }
 }
 
