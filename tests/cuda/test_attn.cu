@@ -229,7 +229,7 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMalloc(&dk, nkvel * 4));
     CK(cudaMalloc(&dv, nkvel * 4));
     CK(cudaMalloc(&dout, no * 4));
-    CK(cudaMalloc(&dpart, (size_t)nh * S * (hd + 2) * 4));
+    CK(cudaMalloc(&dpart, (size_t)nh * 128 * (hd + 2) * 4)); // up to 128 splits (the timing below)
     CK(cudaMalloc(&dpos, sizeof(int)));
     CK(cudaMalloc(&dkx, kvw * 4));
     CK(cudaMalloc(&dvx, kvw * 4));
@@ -251,8 +251,8 @@ static bool run_dec_case(const Case &c, bool timed) {
     auto run = [&]() {
         const dim3 g((unsigned)nkv, (unsigned)S);
         if (hd == 128)
-            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
-        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S);
+            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S, nullptr);
+        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S, nullptr);
         CK(cudaGetLastError());
         k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout);
         CK(cudaGetLastError());
@@ -316,6 +316,53 @@ static bool run_dec_case(const Case &c, bool timed) {
         const double bytes = 2.0 * (pos + 1) * nkv * hd * 4;
         printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
                "combine %7.2f us: %.1fx\n", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
+        // where a launch's time goes (hd 256): 20 launches in a row per split count, then one with
+        // in-kernel timestamps, us from the first block's start, median / max over blocks
+        if (hd == 256) {
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            for (const int Sx : {32, 64, 128}) {
+                const dim3 g((unsigned)nkv, (unsigned)Sx);
+                unsigned long long *dprof;
+                const size_t nb = (size_t)nkv * Sx;
+                CK(cudaMalloc(&dprof, 5 * nb * sizeof(unsigned long long)));
+                auto dec = [&](unsigned long long *pr) {
+                    k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
+                    CK(cudaGetLastError());
+                };
+                float ms[2];
+                for (int pass = 0; pass < 2; pass++) { // k_attn_dec alone, then with the combine
+                    dec(nullptr);
+                    CK(cudaEventRecord(a));
+                    for (int i = 0; i < 20; i++) {
+                        dec(nullptr);
+                        if (pass) k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, Sx, nh, hd, dout);
+                    }
+                    CK(cudaEventRecord(b));
+                    CK(cudaEventSynchronize(b));
+                    CK(cudaEventElapsedTime(&ms[pass], a, b));
+                }
+                dec(dprof);
+                CK(cudaDeviceSynchronize());
+                std::vector<unsigned long long> pr(5 * nb);
+                CK(cudaMemcpy(pr.data(), dprof, pr.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+                const unsigned long long t0 = *std::min_element(pr.begin(), pr.begin() + (long)nb);
+                printf("    splits %3d: k_attn_dec %6.2f us, + combine %6.2f us per launch (20 in a row); timeline", Sx,
+                       1000.0f * ms[0] / 20, 1000.0f * ms[1] / 20);
+                const char *name[5] = {"start", "issued+q", "tile 0", "tiles done", "end"};
+                for (int i = 0; i < 5; i++) {
+                    std::vector<float> v(nb);
+                    for (size_t k = 0; k < nb; k++) v[k] = (float)(pr[i * nb + k] - t0) * 1e-3f;
+                    std::sort(v.begin(), v.end());
+                    printf("%s %s %.2f / %.2f", i ? "," : "", name[i], v[nb / 2], v[nb - 1]);
+                }
+                printf("\n");
+                CK(cudaFree(dprof));
+            }
+            CK(cudaEventDestroy(a));
+            CK(cudaEventDestroy(b));
+        }
     }
     CK(cudaFree(dq));
     CK(cudaFree(dk));

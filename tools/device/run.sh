@@ -3,7 +3,9 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv]      (default: full)
+#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe]      (default: full)
+#   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with other split counts,
+#          and each decode kernel left out in turn (LILAC_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
@@ -57,6 +59,27 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
     LILAC_MOE_SPLIT=0 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1 | tee -a "$OUT/bench.log"
     echo "LILAC_MOE_UNFUSED=1 (the MoE as the gate/up GEMV + k_moe_down)" | tee -a "$OUT/bench.log"
     LILAC_MOE_UNFUSED=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1 | tee -a "$OUT/bench.log"
+    exit $rc
+fi
+if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what each decode kernel costs inside the step
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn > "$LOGS/build.log" 2>&1 ||
+        { tail -20 "$LOGS/build.log"; exit 1; }
+    rc=0
+    ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
+    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
+    ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
+        ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
+    for sx in 32 128; do
+        echo "LILAC_ADEC_S=$sx"
+        LILAC_ADEC_S=$sx ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
+    done | tee -a "$OUT/bench.log"
+    for a in comb attn gdn inproj outproj router moe; do
+        echo "LILAC_ABLATE=$a"
+        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+    done | tee -a "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM

@@ -287,9 +287,12 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
 
 // LILAC_ABLATE: which of a decode step's kernels to leave out, to time what
 // each contributes inside the step (the ablation table of docs/perf.md): the
-// GDN step kernel, the attention (k_attn_dec + combine), the MoE (router,
-// experts, down and combine).
+// GDN step kernel, the attention (k_attn_dec + combine, or the combine alone),
+// the MoE (router, experts, down and combine).
 static const unsigned ABL_GDN = 1, ABL_ATTN = 2, ABL_MOE = 4;
+// and single GEMVs: comb (k_attn_combine alone), inproj (GDN in_proj and attention
+// q/k/v), outproj (the mixers' output projections), router (router + shared gate/up)
+static const unsigned ABL_COMB = 8, ABL_INPROJ = 16, ABL_OUTPROJ = 32, ABL_ROUTER = 64;
 
 struct lilac_session {
     const lilac_model *m;
@@ -325,6 +328,7 @@ struct lilac_session {
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
+    int adec_s;      // k_attn_dec's splits (ADEC_S; LILAC_ADEC_S=2..128 to measure others)
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -638,9 +642,13 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
     if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
     if (const char *e = getenv("LILAC_ABLATE")) {
-        s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u);
+        s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
+                    (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
+                    (strstr(e, "outproj") ? ABL_OUTPROJ : 0u) | (strstr(e, "router") ? ABL_ROUTER : 0u);
         if (s->ablate) fprintf(stderr, "lilac: LILAC_ABLATE=%s: decode leaves kernels out; its tokens are wrong (timing only)\n", e);
     }
+    s->adec_s = ADEC_S;
+    if (const char *e = getenv("LILAC_ADEC_S")) if (atoi(e) >= 2 && atoi(e) <= 128) s->adec_s = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);
@@ -661,7 +669,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->o, C * VD, err) == 0 && dalloc(s, &s->qg, C * 2 * c->n_heads * c->head_dim, err) == 0 &&
          dalloc(s, &s->kx, C * kvw, err) == 0 && dalloc(s, &s->vx, C * kvw, err) == 0 &&
          dalloc(s, &s->att, C * c->n_heads * c->head_dim, err) == 0 &&
-         dalloc(s, &s->part, (size_t)c->n_heads * std::max(ATT_SPLITS, ADEC_S) * (c->head_dim + 2), err) == 0 &&
+         dalloc(s, &s->part, (size_t)c->n_heads * 128 * (c->head_dim + 2), err) == 0 &&
          dalloc(s, &s->rlog, C * c->n_experts, err) == 0 && dalloc(s, &s->topw, C * K, err) == 0 &&
          dalloc(s, &s->topi, C * K, err) == 0 && dalloc(s, &s->gu, C * K * 2 * c->moe_inter, err) == 0 &&
          dalloc(s, &s->ye, C * K * H, err) == 0 && dalloc(s, &s->shgu, C * 2 * c->shared_inter, err) == 0 &&
@@ -856,6 +864,7 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
 // several tokens write s->r (added by the following k_add_rmsnorm).
 static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ldx, int T, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden;
+    if (T == 1 && (s->ablate & ABL_OUTPROJ)) return 0; // LILAC_ABLATE
     return T == 1 ? matmul(s, W, x, ldx, s->x, H, 1, XM_PLAIN, 0, err, 1) : matmul(s, W, x, ldx, s->r, H, T, XM_PLAIN, 0, err);
 }
 
@@ -883,7 +892,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     const dmat W[4] = {d.in_qkv, d.in_z, d.in_b, d.in_a};
     float *const Y[4] = {s->qkv, s->z, s->bb, s->ba};
     const int64_t LD[4] = {CD, VD, Hv, Hv};
-    if (input_mats(s, 4, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
+    if (!(T == 1 && (s->ablate & ABL_INPROJ)) && input_mats(s, 4, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_GDN_PROJ);
     if (T == 1 && (s->ablate & ABL_GDN)) {
         // left out (LILAC_ABLATE)
@@ -932,7 +941,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     const dmat W[3] = {d.q_proj, d.k_proj, d.v_proj};
     float *const Y[3] = {s->qg, s->kx, s->vx};
     const int64_t LD[3] = {2 * (int64_t)nh * hd, kvw, kvw};
-    if (input_mats(s, 3, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
+    if (!(T == 1 && (s->ablate & ABL_INPROJ)) && input_mats(s, 3, W, Y, LD, T, d.in_norm, nullptr, err) < 0) return -1;
     prof_mark(s, PH_ATTN_PROJ);
     const int G = nkv > 0 && nh % nkv == 0 ? nh / nkv : 0;
     const bool dec = T == 1 && (hd == 128 || hd == 256) && G >= 1 && G <= 8;
@@ -947,13 +956,14 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
-    const int S = dec ? ADEC_S : ATT_SPLITS;
+    const int S = dec ? s->adec_s : ATT_SPLITS;
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
 #define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, ADEC_THREADS, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
                             (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, \
-                            s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S)
+                            s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S,  \
+                            (unsigned long long *)nullptr)
         if (hd == 128) DEC(4);
         else DEC(8);
 #undef DEC
@@ -969,7 +979,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
 #undef ATT
         CKL();
     }
-    if (S > 1) {
+    if (S > 1 && !(T == 1 && (s->ablate & ABL_COMB))) {
         pdl_launch(s, k_attn_combine, attn_combine_grid(nh, T, hd), 256, 0, s->qg, s->part, S, nh, hd, s->att);
         CKL();
     }
@@ -1026,7 +1036,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     // the logits (tk_pro); otherwise a top-k kernel.
     const bool tk_pro = T == 1 && E <= 256 && K <= 8;
     if (T == 1 && (s->ablate & ABL_MOE)) return 0; // LILAC_ABLATE
-    if (input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
+    if (!(T == 1 && (s->ablate & ABL_ROUTER)) && input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
     prof_mark(s, PH_MOE_ROUTE);
     bool shared_done = false, combined = false;
     if (tk_pro) {

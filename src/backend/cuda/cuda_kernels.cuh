@@ -791,7 +791,8 @@ __host__ __device__ inline size_t attn_dec_smem(int hd) {
 template <int DPL>
 __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
                                                      const float *kn, const float *inv_freq, int rd, float eps, float *kc,
-                                                     float *vc, const int *d_pos, int nh, int nkv, float *part, int S) {
+                                                     float *vc, const int *d_pos, int nh, int nkv, float *part, int S,
+                                                     unsigned long long *prof) {
     static_assert(DPL % 4 == 0, "float4 chunks per lane");
     constexpr int HD = DPL * 32, KLD = HD + 4, DW = HD / 8; // DW: head dims per warp
     extern __shared__ __align__(16) float asm_[];
@@ -802,6 +803,10 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
+    // prof (test_attn's timeline; null in the backend): global time at 5 points per block, prof[i * blocks + block]
+    const int nb = gridDim.x * gridDim.y, bi = blockIdx.y * gridDim.x + blockIdx.x;
+    auto mark = [&](int i) { if (prof && tid == 0) prof[i * nb + bi] = gtimer(); };
+    mark(0);
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
     const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
     const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
@@ -892,10 +897,12 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
             }
         }
     };
+    mark(1); // loads issued, q normed and roped
     for (int it = 0; it < ntile; it++) {
         const int b = it % ADEC_ST;
         cp_async_wait<ADEC_ST - 2>(); // all but the newest group: tile it has landed
         __syncthreads(); // tile it (and qs) visible to every warp, and every warp is done with tile it - 1
+        if (it == 0) mark(2);
         if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left
         else cp_async_commit();
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
@@ -903,6 +910,7 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
         step(ks + (size_t)b * ADEC_TK * KLD, KLD, vs + (size_t)b * ADEC_TK * HD, cnt, it & 1);
     }
     cp_async_wait<0>();
+    mark(3);
     if (last) { // key p, from shared memory
         __syncthreads(); // kp, vp (and qs, when there was no tile); the last tile's step done
         step(kp, KLD, vp, 1, ntile & 1);
@@ -916,6 +924,7 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
         pp[HD] = m;
         pp[HD + 1] = l;
     }
+    mark(4);
 }
 
 // Merge the split partials of k_attn / k_attn_dec and apply the output gate
@@ -923,10 +932,11 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
 // [32z, 32z + 32), lane = dim; warp w sums the splits w, w + 8, ... (at most
 // 16, their partials all loaded at once, before the global max M is known);
 // every warp finds M and the normaliser itself; the 8 warps' sums meet in
-// shared memory. (One block per head looping over its splits, 16 blocks, took
-// 9-17 us at 64 splits; this grid measures 9.0 us alone in test_attn, where a
-// lone launch's own cost dominates, and the decode step did not change:
-// docs/perf.md, session 6.)
+// shared memory. Every load is issued at once (one L2 round trip): the splits'
+// maxima and sums sit four per lane, and a warp's split weights come by shuffle.
+// (One block per head looping over its splits, 16 blocks, took 9-17 us at 64
+// splits; this grid measured 9.0 us alone in test_attn with three dependent
+// rounds of loads: docs/perf.md, session 6.)
 __host__ __device__ inline dim3 attn_combine_grid(int nh, int T, int hd) {
     return dim3((unsigned)nh, (unsigned)T, (unsigned)(hd / 32));
 }
@@ -936,28 +946,33 @@ __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const flo
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int d = 32 * blockIdx.z + lane, nj = (S - warp + 7) / 8; // this warp's splits: warp + 8j, j < nj (<= 16)
     const float *pp = part + ((int64_t)t * nh + h) * S * (hd + 2);
+    // every load in one round trip: the gate, this warp's partials, and each split's max and sum
+    // (split lane in m0/l0, split lane + 32 in m1/l1, lane + 64 in m2/l2, lane + 96 in m3/l3)
+    const float g = qg[(int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd + d];
     float v[16];
 #pragma unroll
     for (int j = 0; j < 16; j++)
         if (j < nj) v[j] = pp[(warp + 8 * j) * (hd + 2) + d];
-    float M = -INFINITY;
-    for (int s = lane; s < S; s += 32) M = fmaxf(M, pp[s * (hd + 2) + hd]);
-    M = warp_max(M);
-    float L = 0.0f;
-    for (int s = lane; s < S; s += 32) {
-        const float m = pp[s * (hd + 2) + hd];
-        L += m == -INFINITY ? 0.0f : pp[s * (hd + 2) + hd + 1] * expf(m - M);
+    float m[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int sp = lane + 32 * i;
+        m[i] = sp < S ? pp[sp * (hd + 2) + hd] : -INFINITY;
+        l[i] = sp < S ? pp[sp * (hd + 2) + hd + 1] : 0.0f;
+    }
+    const float M = warp_max(fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3])));
+    float e[4], L = 0.0f; // e[i]: split lane + 32 i's weight exp(m - M) (0 for an empty split)
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        e[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - M);
+        L += l[i] * e[i];
     }
     L = warp_sum(L);
-    float wl = 0.0f; // lane j < nj: the weight of this warp's split j
-    if (lane < nj) {
-        const float m = pp[(warp + 8 * lane) * (hd + 2) + hd];
-        wl = m == -INFINITY ? 0.0f : expf(m - M);
-    }
     float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const float w = __shfl_sync(0xffffffffu, wl, j);
+    for (int j = 0; j < 16; j++) { // split warp + 8j is held by lane (warp + 8j) % 32, in e[(warp + 8j) / 32]
+        const int sp = warp + 8 * j, q = sp >> 5; // warp-uniform
+        const float w = __shfl_sync(0xffffffffu, q == 0 ? e[0] : q == 1 ? e[1] : q == 2 ? e[2] : e[3], sp & 31);
         if (j < nj) acc += w * v[j];
     }
     red[warp][lane] = acc;
@@ -966,7 +981,6 @@ __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const flo
         float a = 0.0f;
 #pragma unroll
         for (int w = 0; w < 8; w++) a += red[w][lane];
-        const float g = qg[(int64_t)t * 2 * nh * hd + (int64_t)h * 2 * hd + hd + d];
         out[(int64_t)t * nh * hd + (int64_t)h * hd + d] = a / L / (1.0f + expf(-g));
     }
 }
