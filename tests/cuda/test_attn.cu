@@ -209,7 +209,7 @@ static void norm_rope_ref(const float *x, const std::vector<float> &g, int hd, i
 // theta 1e7, as the model) and writes its K/V row, which starts as NaN: the
 // row is checked, and the output through it.
 static bool run_dec_case(const Case &c, bool timed) {
-    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, G = nh / nkv, S = ADEC_S, rd = hd / 4;
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, S = ADEC_S, rd = hd / 4;
     const float eps = 1e-6f;
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
     const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd, kvw = (size_t)nkv * hd;

@@ -4,8 +4,9 @@
 # the benchmarks. Everything it prints last is the summary table.
 #
 #   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe]      (default: full)
-#   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with other split counts,
-#          and each decode kernel left out in turn (LILAC_ABLATE)
+#   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with the GEMV's weight
+#          stages issued after its input's loads (LILAC_GEMV_POST=$PROBE_POST), and each decode kernel left out in turn
+#          (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
@@ -72,11 +73,11 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
-    for sx in 32 128; do
-        echo "LILAC_ADEC_S=$sx"
-        LILAC_ADEC_S=$sx ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
+    for v in ${PROBE_POST:-1 2 3}; do
+        echo "LILAC_GEMV_POST=$v"
+        LILAC_GEMV_POST=$v ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
     done | tee -a "$OUT/bench.log"
-    for a in comb attn gdn inproj outproj router moe; do
+    for a in ${PROBE_ABLATE:-comb attn gdn inproj outproj router moe}; do
         echo "LILAC_ABLATE=$a"
         LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
     done | tee -a "$OUT/bench.log"

@@ -328,6 +328,7 @@ struct lilac_session {
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
+    int gemv_post;   // gemv_job.post (LILAC_GEMV_POST: weight stages issued after the input's loads)
     int adec_s;      // k_attn_dec's splits (ADEC_S; LILAC_ADEC_S=2..128 to measure others)
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -647,6 +648,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                     (strstr(e, "outproj") ? ABL_OUTPROJ : 0u) | (strstr(e, "router") ? ABL_ROUTER : 0u);
         if (s->ablate) fprintf(stderr, "lilac: LILAC_ABLATE=%s: decode leaves kernels out; its tokens are wrong (timing only)\n", e);
     }
+    if (const char *e = getenv("LILAC_GEMV_POST")) s->gemv_post = atoi(e) > 0 ? atoi(e) : 0;
     s->adec_s = ADEC_S;
     if (const char *e = getenv("LILAC_ADEC_S")) if (atoi(e) >= 2 && atoi(e) <= 128) s->adec_s = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
@@ -755,6 +757,7 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 // > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
+    j.post = s->gemv_post;
     CK(gemv_launch(s->st, s->pdl, j, xm, x, ldx, xoff, topi, x_div, slots, s->gemv_blocks));
     return 0;
 }

@@ -88,6 +88,8 @@ struct gemv_job {
     int n;
     int upb;                  // row-block sets per block (set by gemv_launch)
     int stages;               // weight stages in shared memory (set by gemv_launch)
+    int post;                 // of the stages - 1 issued up front, how many wait until the input's loads are
+                              // issued (0: all before the predecessor wait; LILAC_GEMV_POST, an experiment)
     unsigned long long *prof; // tests/cuda/bench_gemv.cu's in-kernel timestamps (null: off)
     // Expert mode: with tk_logits, every block computes the router's top-k itself
     // (topk_warp, E <= 256, K <= 8) and block (0,0) writes it to tk_topi/tk_topw;
@@ -682,6 +684,48 @@ __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g,
     }
 }
 
+// warp_norm_rope's math on one head whose values, gains and RoPE frequencies a
+// warp already holds (element lane + 32 k in r[k], g[k], f[k]; f only below
+// rd/2), so that their loads could be issued before anything else: dst (shared
+// memory, this warp's alone) gets the result. The same operations in the same
+// order as warp_norm_rope, so the same bits.
+template <int DPL>
+__device__ __forceinline__ void warp_norm_rope_regs(const float (&r)[DPL], const float (&g)[DPL], const float (&f)[DPL],
+                                                    int rd, int64_t pos, float eps, float mul, float *dst) {
+    constexpr int HD = DPL * 32;
+    const int lane = threadIdx.x & 31, half = rd / 2;
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < DPL; k++) ss += r[k] * r[k];
+    const float inv = rsqrtf(warp_sum(ss) / (float)HD + eps);
+#pragma unroll
+    for (int k = 0; k < DPL; k++) dst[lane + 32 * k] = r[k] * inv * g[k];
+    __syncwarp();
+    float ra[DPL], rb[DPL]; // the rotated pair (i, i + half) of each i = lane + 32 k < half
+#pragma unroll
+    for (int k = 0; k < DPL; k++) {
+        const int i = lane + 32 * k;
+        if (i < half) {
+            const float a = dst[i], b = dst[i + half];
+            float sn, cs;
+            sincosf((float)pos * f[k], &sn, &cs);
+            ra[k] = (a * cs - b * sn) * mul;
+            rb[k] = (b * cs + a * sn) * mul;
+        }
+    }
+    __syncwarp(); // every pair read before any is written
+#pragma unroll
+    for (int k = 0; k < DPL; k++) {
+        const int i = lane + 32 * k;
+        if (i < half) {
+            dst[i] = ra[k];
+            dst[i + half] = rb[k];
+        } else if (i >= rd) {
+            dst[i] *= mul;
+        }
+    }
+}
+
 // q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
 // head h - nh and both k and v into the cache at position pos + t. Grid (T,
 // nh + nkv), one warp each. (One decode token: k_attn_dec does this itself.)
@@ -812,6 +856,28 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
     const int64_t j0 = n * s / S, j1 = last ? p : n * (s + 1) / S; // cached keys [j0, j1)
     const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
+    // This token's q (warp h < G: head h), and in the last split its k (warp 0) and v, with their gains and
+    // RoPE frequencies, loaded before the tiles: behind the tiles' copies they waited for the DRAM traffic of
+    // every block (6 of a launch's 11 us at 4k, docs/perf.md run 58).
+    float qr[DPL], qw[DPL], fr[DPL], kr[DPL], kw[DPL];
+    if (warp < G) {
+        const float *src = qg + (int64_t)(kh * G + warp) * 2 * HD;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int i = lane + 32 * k;
+            qr[k] = src[i];
+            qw[k] = qn[i];
+            fr[k] = i < rd / 2 ? inv_freq[i] : 0.0f;
+            kr[k] = last && warp == 0 ? kx[(int64_t)kh * HD + i] : 0.0f;
+            kw[k] = last && warp == 0 ? kn[i] : 0.0f;
+        }
+    }
+    float vr[(HD + ADEC_THREADS - 1) / ADEC_THREADS];
+#pragma unroll
+    for (int u = 0; u < (HD + ADEC_THREADS - 1) / ADEC_THREADS; u++) {
+        const int i = tid + u * ADEC_THREADS;
+        vr[u] = last && i < HD ? vx[(int64_t)kh * HD + i] : 0.0f;
+    }
     auto load = [&](int it, int b) {
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
         const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
@@ -831,16 +897,19 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     else cp_async_commit();
     if (ntile > 1) load(1, 1);
     else cp_async_commit();
-    if (warp < G) warp_norm_rope(qg + (int64_t)(kh * G + warp) * 2 * HD, qn, HD, rd, p, inv_freq, eps, rsqrtf((float)HD),
-                                 qs + warp * HD);
+    if (warp < G) warp_norm_rope_regs<DPL>(qr, qw, fr, rd, p, eps, rsqrtf((float)HD), qs + warp * HD);
     if (last) {
         float *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
         if (warp == 0) {
-            warp_norm_rope(kx + (int64_t)kh * HD, kn, HD, rd, p, inv_freq, eps, 1.0f, kp);
+            warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kp);
             __syncwarp();
             for (int i = lane; i < HD; i += 32) kd[i] = kp[i];
         }
-        for (int i = tid; i < HD; i += nthr) vd[i] = vp[i] = vx[(int64_t)kh * HD + i];
+#pragma unroll
+        for (int u = 0; u < (HD + ADEC_THREADS - 1) / ADEC_THREADS; u++) {
+            const int i = tid + u * ADEC_THREADS;
+            if (i < HD) vd[i] = vp[i] = vr[u];
+        }
     }
     float m = -INFINITY, l = 0.0f; // head `warp`'s running max and sum (warps < G)
     float acc[8];                   // output dim warp*DW + lane of each head (lanes < DW)
