@@ -3,7 +3,9 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe]      (default: full)
+#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
+#   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
+#       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with the GEMV's weight
 #          stages issued after its input's loads (LILAC_GEMV_POST=$PROBE_POST), and each decode kernel left out in turn
 #          (LILAC_ABLATE, $PROBE_ABLATE)
@@ -78,6 +80,30 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
         LILAC_GEMV_POST=$v ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
     done | tee -a "$OUT/bench.log"
     for a in ${PROBE_ABLATE:-comb attn gdn inproj outproj router moe}; do
+        echo "LILAC_ABLATE=$a"
+        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+    done | tee -a "$OUT/bench.log"
+    exit $rc
+fi
+if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $AB_FLAGS (nvcc), decode side by side
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn > "$LOGS/build.log" 2>&1 &
+    make -j"$NPROC" WERROR= BUILD=build-ab NVEXTRA="${AB_FLAGS:-}" build-ab/lilac > "$LOGS/build-ab.log" 2>&1 &
+    wait
+    [ -x build/lilac ] && [ -x build-ab/lilac ] || { tail -20 "$LOGS/build.log" "$LOGS/build-ab.log"; exit 1; }
+    rc=0
+    ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
+    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
+    ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
+    for b in build build-ab build build-ab; do
+        for v in ${AB_ENVS:-X=0}; do
+            echo "$b $v"
+            env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
+        done
+    done | tee "$OUT/bench.log"
+    for a in ${PROBE_ABLATE:-attn}; do
         echo "LILAC_ABLATE=$a"
         LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
     done | tee -a "$OUT/bench.log"
