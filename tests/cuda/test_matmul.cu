@@ -644,7 +644,7 @@ static void test_moe_fused(void) {
     moe_fused_case(2048, 512, 8, 256, 1, 0, bar, 2); // the model's shape: 128 routed + 4 shared units
     moe_fused_case(2048, 512, 8, 256, 0, 0, bar, 1);
     moe_fused_case(256, 1024, 3, 16, 1, 0, bar, 2);
-    moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 2 routed units of one expert's 64 dims, one shared
+    moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
 static void gemm_case(int64_t T, int n, qmat **ms, int xm) {

@@ -721,7 +721,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             }
         }
     }
-    if (!ok || mk_setup(s, err) < 0) {
+    // dalloc's zeroing runs on the default stream, which s->st (non-blocking) does not wait for:
+    // finish it before any kernel that needs zeros (moe_acc, moe_count, moe_bar) can run
+    if (!ok || mk_setup(s, err) < 0 || cudaStreamSynchronize(0) != cudaSuccess) {
         if (!err || !err->msg[0]) lilac_fail(err, "CUDA backend: could not allocate the session (%s)", cudaGetErrorString(cudaGetLastError()));
         cuda_session_free(s);
         return nullptr;
