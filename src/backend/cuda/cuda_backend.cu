@@ -232,7 +232,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
         CK(cudaEventRecord(D->ev[i], D->stream));
     }
     double t0 = lilac_now();
-    std::vector<float> inv_freq((size_t)c->rotary_dim / 2 + 1);
+    std::vector<float> inv_freq((size_t)c->rotary_dim / 2 + 1); // + 1: never empty (rotary_dim 0), up_vec needs bytes
     for (int i = 0; i < c->rotary_dim / 2; i++) inv_freq[(size_t)i] = (float)pow(c->rope_theta, -2.0 * i / c->rotary_dim);
     if (up_mat(D, &m->embed, &D->embed, err, false) < 0 || up_mat(D, &m->lm_head, &D->lm_head, err) < 0 ||
         up_vec(D, m->final_norm, c->hidden, &D->final_norm, err) < 0 ||
