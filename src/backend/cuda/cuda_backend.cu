@@ -328,8 +328,6 @@ struct lilac_session {
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
-    int gemv_post;   // gemv_job.post (LILAC_GEMV_POST: weight stages issued after the input's loads)
-    int adec_s;      // k_attn_dec's splits (ADEC_S; LILAC_ADEC_S=2..128 to measure others)
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
     int *ring_dev;
@@ -648,9 +646,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                     (strstr(e, "outproj") ? ABL_OUTPROJ : 0u) | (strstr(e, "router") ? ABL_ROUTER : 0u);
         if (s->ablate) fprintf(stderr, "lilac: LILAC_ABLATE=%s: decode leaves kernels out; its tokens are wrong (timing only)\n", e);
     }
-    if (const char *e = getenv("LILAC_GEMV_POST")) s->gemv_post = atoi(e) > 0 ? atoi(e) : 0;
-    s->adec_s = ADEC_S;
-    if (const char *e = getenv("LILAC_ADEC_S")) if (atoi(e) >= 2 && atoi(e) <= 128) s->adec_s = atoi(e);
     s->conv_state.assign((size_t)c->n_layers, nullptr);
     s->ssm.assign((size_t)c->n_layers, nullptr);
     s->kc.assign((size_t)c->n_layers, nullptr);
@@ -671,7 +666,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->o, C * VD, err) == 0 && dalloc(s, &s->qg, C * 2 * c->n_heads * c->head_dim, err) == 0 &&
          dalloc(s, &s->kx, C * kvw, err) == 0 && dalloc(s, &s->vx, C * kvw, err) == 0 &&
          dalloc(s, &s->att, C * c->n_heads * c->head_dim, err) == 0 &&
-         dalloc(s, &s->part, (size_t)c->n_heads * 128 * (c->head_dim + 2), err) == 0 &&
+         dalloc(s, &s->part, (size_t)c->n_heads * std::max(ATT_SPLITS, ADEC_S) * (c->head_dim + 2), err) == 0 &&
          dalloc(s, &s->rlog, C * c->n_experts, err) == 0 && dalloc(s, &s->topw, C * K, err) == 0 &&
          dalloc(s, &s->topi, C * K, err) == 0 && dalloc(s, &s->gu, C * K * 2 * c->moe_inter, err) == 0 &&
          dalloc(s, &s->ye, C * K * H, err) == 0 && dalloc(s, &s->shgu, C * 2 * c->shared_inter, err) == 0 &&
@@ -759,7 +754,6 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 // > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    j.post = s->gemv_post;
     CK(gemv_launch(s->st, s->pdl, j, xm, x, ldx, xoff, topi, x_div, slots, s->gemv_blocks));
     return 0;
 }
@@ -961,7 +955,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
-    const int S = dec ? s->adec_s : ATT_SPLITS;
+    const int S = dec ? ADEC_S : ATT_SPLITS;
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);

@@ -88,8 +88,6 @@ struct gemv_job {
     int n;
     int upb;                  // row-block sets per block (set by gemv_launch)
     int stages;               // weight stages in shared memory (set by gemv_launch)
-    int post;                 // of the stages - 1 issued up front, how many wait until the input's loads are
-                              // issued (0: all before the predecessor wait; LILAC_GEMV_POST, an experiment)
     unsigned long long *prof; // tests/cuda/bench_gemv.cu's in-kernel timestamps (null: off)
     // Expert mode: with tk_logits, every block computes the router's top-k itself
     // (topk_warp, E <= 256, K <= 8) and block (0,0) writes it to tk_topi/tk_topw;

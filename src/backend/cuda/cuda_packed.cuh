@@ -265,12 +265,7 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         }
         cp_async_commit();
     };
-#ifdef GEMV_POST_EXP // (an experiment: LILAC_GEMV_POST weight stages issued after the input's loads)
-    const int npre = S - 1 - (job.post < S - 1 ? job.post : S - 1);
-#else
-    const int npre = S - 1;
-#endif
-    for (int k = 0; k < npre; k++) issue(k);
+    for (int k = 0; k < S - 1; k++) issue(k);
     gemv_mark(job.prof, 1);
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
@@ -293,9 +288,6 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         if (XM == XM_SWIGLU) xu[u] = q < n4 ? *(const float4 *)(x + xoff + 4 * q) : make_float4(0, 0, 0, 0);
         if (XM == XM_NORM) xu[u] = q < n4 ? __ldg((const float4 *)(job.gain + 4 * q)) : make_float4(0, 0, 0, 0);
     }
-#ifdef GEMV_POST_EXP
-    for (int k = npre; k < S - 1; k++) issue(k); // behind the input's loads, not ahead of them
-#endif
     float inv = 1.0f;
     if (XM == XM_NORM) {
         float ss = 0.0f;
