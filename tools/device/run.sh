@@ -3,7 +3,7 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
+#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
 #   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck)
@@ -22,8 +22,17 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${1:-full}
+ALLCHECKS=; case $MODE in full|checks) ALLCHECKS=1 ;; esac  # checks: every correctness step of full, no benchmark
 OUT=${OUT:-build/device-out}; mkdir -p "$OUT"
 LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important ones are copied to $OUT
+# The device tool brings back at most 8 files: on exit every log (here and in $OUT) goes into $OUT/logs.tgz,
+# and only the JSON results stay beside it.
+pack() {
+    tar czf /tmp/device-logs.tgz -C "$LOGS" . -C "$(cd "$OUT" && pwd)" --exclude=logs.tgz . 2>/dev/null
+    find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete
+    mv /tmp/device-logs.tgz "$OUT/logs.tgz"
+}
+trap pack EXIT
 . tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
@@ -179,7 +188,7 @@ if [ "$MODE" != hf ]; then
 fi
 # The routing pipeline under skew (every token to experts 0..7 / to one expert / to a few hot
 # ones, most experts empty) at the prompt lengths around each path boundary.
-if [ "$MODE" = full ]; then
+if [ -n "$ALLCHECKS" ]; then
     for r in ties one skew; do
         step "synth-$r" ./build/lilac synth --out "/tmp/skew-$r" --layers 2 --vocab 8192 --seed 3 --router "$r"
         step "test-skew-$r" ./build/cuda-tests/test_cuda "/tmp/skew-$r" --lens 1,63,64,65,2047,2049,4095,4097
@@ -188,7 +197,7 @@ fi
 # HF transformers (on the device, f32) as an outside oracle for the CUDA path, on the HF bf16
 # layout of the tiny oracle checkpoint (lilac loads that layout directly).
 [ "$MODE" != hf ] && [ -d .devdata/tiny-hf ] && step test-hf python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128
-if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" = full ]; then
+if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ -n "$ALLCHECKS" ]; then
     step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
     # the real per-layer dimensions: the decode kernels that only they select (k_moe_fused, the GDN cluster step)
@@ -198,7 +207,7 @@ if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ "$MODE" 
 fi
 
 # 2. Benchmarks on the full-size synthetic checkpoint (40 layers, 256 experts, vocab 248,320).
-if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+if [ -n "$ALLCHECKS" ] || [ "$MODE" = bench ]; then
     step synth-full ./build/lilac synth --out /tmp/full --seed 7
     step info-full ./build/lilac info --model /tmp/full
     # The full-size checkpoint: CUDA against the CPU reference, teacher-forced. Its 40 random
@@ -207,7 +216,9 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     # agrees to 7e-5 before it) flips that choice; every later position then moves through the
     # recurrent state. The sequences of lengths 8, 16 and 32 have no gap under 1.6e-5 (32: none under
     # 1e-4), so they test the arithmetic rather than the coin flips of a chaotic random model.
-    [ "$MODE" = full ] && step test-full-size ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32 --prefill-only
+    [ -n "$ALLCHECKS" ] && step test-full-size ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32 --prefill-only
+fi
+if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
@@ -231,10 +242,14 @@ fi
 for f in "$LOGS"/kernel-*.log "$LOGS"/test-*.log "$LOGS"/hf-*.log "$LOGS"/profile.log "$LOGS"/bench*.log; do
     [ -f "$f" ] && cp "$f" "$OUT/"
 done
+# the benchmarks first, then (last, so that a cut output keeps it) each step's status and every test's verdict
+[ -f "$LOGS/bench-gemv.log" ] && sed -n '/^job/,/^lm_head/p' "$LOGS/bench-gemv.log"
+[ -f "$LOGS/bench-gemv-blocks0.log" ] && { echo "decode GEMV, one set per block:"; tail -n 3 "$LOGS/bench-gemv-blocks0.log"; }
+[ -f "$LOGS/bench-persistent.log" ] && { echo "persistent decode kernel:"; tail -n 3 "$LOGS/bench-persistent.log"; }
+[ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"
-grep -h -E "FAIL|CHECK failed|passed, .* failed" "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/hf-*.log 2>/dev/null
-[ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"
-[ -f "$LOGS/bench-gemv-blocks0.log" ] && { echo "decode GEMV, one set per block:"; tail -n 3 "$LOGS/bench-gemv-blocks0.log"; }
-[ -f "$LOGS/bench-gemv.log" ] && sed -n '/^job/,$p' "$LOGS/bench-gemv.log"
-[ -f "$LOGS/bench-persistent.log" ] && { echo "persistent decode kernel:"; tail -n 3 "$LOGS/bench-persistent.log"; }
+for f in "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/memcheck-*.log "$LOGS"/hf-*.log; do
+    [ -f "$f" ] && printf '%-34s %s\n' "$(basename "$f" .log)" \
+        "$(grep -h -E "FAIL|CHECK failed|passed, .* failed|top-1|ERROR SUMMARY" "$f" | tail -n 3 | tr '\n' ' ' | cut -c1-200)"
+done
