@@ -5,7 +5,12 @@
 //
 // Every case gets fresh random inputs; the cache rows past pos + T are NaN (the
 // kernel must not read them) and the output is poisoned with NaN before the launch
-// (every element must be written). Bar: max|err| / max|ref| <= 1e-4 (5e-4 past 32k keys, see run_case).
+// (every element must be written). The cache is bf16, as the backend keeps it: the
+// random K/V are rounded to bf16 (nearest even) and the reference reads those same
+// values, so the bar measures the kernels' own arithmetic, not the cache's rounding
+// (up to 2^-8 relative, which the model-level test_cuda covers): the prefill kernel's ~16-bit
+// splits of Q and P (3-7e-6, header of cuda_attn.cuh) and decode's f32 (~1e-6) sit well
+// inside max|err| / max|ref| <= 1e-4 (5e-4 past 32k keys, see run_case).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -48,6 +53,16 @@ static double time_ms(cudaStream_t st, F fn) {
     CK(cudaEventDestroy(a));
     CK(cudaEventDestroy(b));
     return median(ms);
+}
+
+// The cache's bf16 (round to nearest even; NaN stays NaN) of every x into b, and x
+// replaced by that value: what the kernels read is what the reference reads.
+static void to_cache(std::vector<float> &x, std::vector<__nv_bfloat16> &b) {
+    b.resize(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        b[i] = __float2bfloat16_rn(x[i]);
+        x[i] = __bfloat162float(b[i]);
+    }
 }
 
 // out[t][h][:] in double, as k_attn: softmax over keys j <= pos + t, gated.
@@ -114,16 +129,20 @@ static bool run_case(const Case &c, bool timed) {
         kc[i] = valid ? rnd_sym(1.5f) : NAN;
         vc[i] = valid ? rnd_sym(1.0f) : NAN;
     }
-    float *dq, *dk, *dv, *dout;
+    std::vector<__nv_bfloat16> kb, vb;
+    to_cache(kc, kb);
+    to_cache(vc, vb);
+    float *dq, *dout;
+    __nv_bfloat16 *dk, *dv;
     int *dpos;
     CK(cudaMalloc(&dq, nq * 4));
-    CK(cudaMalloc(&dk, nkvel * 4));
-    CK(cudaMalloc(&dv, nkvel * 4));
+    CK(cudaMalloc(&dk, nkvel * 2));
+    CK(cudaMalloc(&dv, nkvel * 2));
     CK(cudaMalloc(&dout, no * 4));
     CK(cudaMalloc(&dpos, sizeof(int)));
     CK(cudaMemcpy(dq, qg.data(), nq * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dk, kc.data(), nkvel * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv, vc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, kb.data(), nkvel * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, vb.data(), nkvel * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xFF, no * 4)); // NaN
 
@@ -207,9 +226,12 @@ static void norm_rope_ref(const float *x, const std::vector<float> &g, int hd, i
 // against k_attn + k_attn_combine (32 splits, one block per query head).
 // k_attn_dec also norms and ropes the token's raw q and k (rotary dims hd/4,
 // theta 1e7, as the model) and writes its K/V row, which starts as NaN: the
-// row is checked, and the output through it.
+// row is checked (K: each element the bf16 nearest the double norm + rope, up
+// to the f32 arithmetic before the rounding; V: the bf16 of v, bit for bit),
+// and the output through it (the reference takes the K row as stored: a value
+// that rounded the other way near a midpoint moves the output by up to ~1e-4).
 static bool run_dec_case(const Case &c, bool timed) {
-    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, G = nh / nkv, S = ADEC_S, rd = hd / 4;
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, S = ADEC_S, rd = hd / 4;
     const float eps = 1e-6f;
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
     const size_t nq = (size_t)nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)nh * hd, kvw = (size_t)nkv * hd;
@@ -220,14 +242,18 @@ static bool run_dec_case(const Case &c, bool timed) {
         kc[i] = valid ? rnd_sym(1.5f) : NAN;
         vc[i] = valid ? rnd_sym(1.0f) : NAN;
     }
+    std::vector<__nv_bfloat16> kb, vb;
+    to_cache(kc, kb);
+    to_cache(vc, vb);
     for (size_t i = 0; i < kvw; i++) { kx[i] = rnd_sym(2.0f); vx[i] = rnd_sym(1.0f); }
     for (int i = 0; i < hd; i++) { qn[(size_t)i] = 1.0f + rnd_sym(0.5f); kn[(size_t)i] = 1.0f + rnd_sym(0.5f); }
     for (int i = 0; i < rd / 2; i++) invf[(size_t)i] = (float)pow(1e7, -2.0 * i / rd);
-    float *dq, *dk, *dv, *dout, *dpart, *dkx, *dvx, *dqn, *dkn, *dinvf;
+    float *dq, *dout, *dpart, *dkx, *dvx, *dqn, *dkn, *dinvf;
+    __nv_bfloat16 *dk, *dv;
     int *dpos;
     CK(cudaMalloc(&dq, nq * 4));
-    CK(cudaMalloc(&dk, nkvel * 4));
-    CK(cudaMalloc(&dv, nkvel * 4));
+    CK(cudaMalloc(&dk, nkvel * 2));
+    CK(cudaMalloc(&dv, nkvel * 2));
     CK(cudaMalloc(&dout, no * 4));
     CK(cudaMalloc(&dpart, (size_t)nh * S * (hd + 2) * 4));
     CK(cudaMalloc(&dpos, sizeof(int)));
@@ -237,8 +263,8 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMalloc(&dkn, (size_t)hd * 4));
     CK(cudaMalloc(&dinvf, (size_t)rd / 2 * 4));
     CK(cudaMemcpy(dq, qg.data(), nq * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dk, kc.data(), nkvel * 4, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dv, vc.data(), nkvel * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, kb.data(), nkvel * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dv, vb.data(), nkvel * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dpos, &pos, sizeof(int), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dkx, kx.data(), kvw * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dvx, vx.data(), kvw * 4, cudaMemcpyHostToDevice));
@@ -259,11 +285,12 @@ static bool run_dec_case(const Case &c, bool timed) {
     };
     run();
     CK(cudaDeviceSynchronize());
-    std::vector<float> got(no), krow(kvw), vrow(kvw);
+    std::vector<float> got(no);
+    std::vector<__nv_bfloat16> krow(kvw), vrow(kvw);
     CK(cudaMemcpy(got.data(), dout, no * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(krow.data(), dk + (size_t)pos * kvw, kvw * 4, cudaMemcpyDeviceToHost));
-    CK(cudaMemcpy(vrow.data(), dv + (size_t)pos * kvw, kvw * 4, cudaMemcpyDeviceToHost));
-    // the reference's inputs: q normed and roped in place, row pos of the cache from k and v
+    CK(cudaMemcpy(krow.data(), dk + (size_t)pos * kvw, kvw * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(vrow.data(), dv + (size_t)pos * kvw, kvw * 2, cudaMemcpyDeviceToHost));
+    // the reference's inputs: q normed and roped in place, row pos of the cache as the kernel stored it
     std::vector<double> y((size_t)hd), krow_ref(kvw);
     for (int h = 0; h < nh; h++) {
         float *q = &qg[(size_t)h * 2 * hd];
@@ -273,8 +300,8 @@ static bool run_dec_case(const Case &c, bool timed) {
     for (int h = 0; h < nkv; h++) {
         norm_rope_ref(&kx[(size_t)h * hd], kn, hd, rd, pos, invf, eps, &krow_ref[(size_t)h * hd]);
         for (int i = 0; i < hd; i++) {
-            kc[(size_t)pos * kvw + (size_t)h * hd + i] = (float)krow_ref[(size_t)h * hd + i];
-            vc[(size_t)pos * kvw + (size_t)h * hd + i] = vx[(size_t)h * hd + i];
+            kc[(size_t)pos * kvw + (size_t)h * hd + i] = __bfloat162float(krow[(size_t)h * hd + i]);
+            vc[(size_t)pos * kvw + (size_t)h * hd + i] = __bfloat162float(vrow[(size_t)h * hd + i]);
         }
     }
     std::vector<double> ref(no);
@@ -282,8 +309,23 @@ static bool run_dec_case(const Case &c, bool timed) {
     c1.T = 1;
     reference(c1, qg, kc, vc, ref);
     size_t n_nan = 0, row_nan = 0;
-    const double err = rel_err(got, ref, &n_nan), kerr = rel_err(krow, krow_ref, &row_nan);
-    const bool vok = memcmp(vrow.data(), vx.data(), kvw * 4) == 0;
+    const double err = rel_err(got, ref, &n_nan);
+    // K row: the error beyond round-to-nearest (half a bf16 step at the double value), over max|ref|
+    double kerr = 0, kmax = 0;
+    for (size_t i = 0; i < kvw; i++) kmax = fmax(kmax, fabs(krow_ref[i]));
+    for (size_t i = 0; i < kvw; i++) {
+        const double k = __bfloat162float(krow[i]);
+        int e;
+        frexp(krow_ref[i], &e); // |x| in [2^(e-1), 2^e): bf16 steps of 2^(e-8)
+        if (!isfinite(k)) row_nan++;
+        else kerr = fmax(kerr, (fabs(k - krow_ref[i]) - ldexp(1.0, e - 9)) / kmax);
+    }
+    if (row_nan) kerr = INFINITY;
+    bool vok = true;
+    for (size_t i = 0; i < kvw; i++) {
+        const __nv_bfloat16 v = __float2bfloat16_rn(vx[i]);
+        vok = vok && memcmp(&vrow[i], &v, sizeof v) == 0;
+    }
     // k_attn (one block per query head, 32 splits) + the same combine, on the normed and roped q and the
     // row k_attn_dec wrote: the path of head sizes and groups k_attn_dec does not take
     float *dq2;
@@ -301,9 +343,11 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMemcpy(got32.data(), dout, no * 4, cudaMemcpyDeviceToHost));
     size_t n32 = 0;
     const double err32 = rel_err(got32, ref, &n32);
-    const bool ok = err <= 1e-4 && kerr <= 1e-5 && vok && err32 <= 1e-4;
-    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e, V row %s; k_attn + combine "
-           "of 32 splits %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG", err32);
+    // (the K row's f32 arithmetic before the rounding: ~1e-7 of the row's largest value)
+    const bool ok = err <= 1e-4 && kerr <= 2e-6 && vok && err32 <= 1e-4;
+    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e beyond rounding, V row %s; "
+           "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG",
+           err32);
     if (n_nan || row_nan || n32) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan + n32);
     printf("\n");
     if (timed && ok) {
@@ -313,7 +357,7 @@ static bool run_dec_case(const Case &c, bool timed) {
             k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, 32, nh, hd, dout);
         }) * 1000.0;
         const double tc = time_ms(0, [&]() { k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout); }) * 1000.0;
-        const double bytes = 2.0 * (pos + 1) * nkv * hd * 4;
+        const double bytes = 2.0 * (pos + 1) * nkv * hd * sizeof(__nv_bfloat16);
         printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
                "combine %7.2f us: %.1fx\n", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
     }

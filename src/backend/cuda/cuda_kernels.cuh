@@ -659,12 +659,18 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 
 // ---------------------------------------------------------------- gated attention
 
+// A value into f32, or into the bf16 of the KV cache (round to nearest even).
+__device__ __forceinline__ void put_val(float *d, float v) { *d = v; }
+__device__ __forceinline__ void put_val(__nv_bfloat16 *d, float v) { *d = __float2bfloat16_rn(v); }
+
 // One head row through RMSNorm (gain g) and NeoX RoPE on its first rd dims at
-// position pos, times mul, by one warp: dst may be src (each lane writes only
-// the pair (i, i + rd/2) or the element it read). inv_freq[i] = theta^(-2i/rd)
-// in f32, as the CPU reference computes it once per session.
+// position pos, times mul, by one warp, into dst (f32, or a bf16 cache row):
+// an f32 dst may be src (each lane writes only the pair (i, i + rd/2) or the
+// element it read). inv_freq[i] = theta^(-2i/rd) in f32, as the CPU reference
+// computes it once per session.
+template <typename T>
 __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g, int hd, int rd, int64_t pos,
-                                               const float *inv_freq, float eps, float mul, float *dst) {
+                                               const float *inv_freq, float eps, float mul, T *dst) {
     const int lane = threadIdx.x & 31, half = rd / 2;
     float ss = 0.0f;
     for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
@@ -674,19 +680,21 @@ __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g,
             const float a = src[i] * inv * g[i], b = src[i + half] * inv * g[i + half];
             float sn, cs;
             sincosf((float)pos * inv_freq[i], &sn, &cs);
-            dst[i] = (a * cs - b * sn) * mul;
-            dst[i + half] = (b * cs + a * sn) * mul;
+            put_val(dst + i, (a * cs - b * sn) * mul);
+            put_val(dst + i + half, (b * cs + a * sn) * mul);
         } else if (i >= rd) {
-            dst[i] = src[i] * inv * g[i] * mul;
+            put_val(dst + i, src[i] * inv * g[i] * mul);
         }
     }
 }
 
 // q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
-// head h - nh and both k and v into the cache at position pos + t. Grid (T,
-// nh + nkv), one warp each. (One decode token: k_attn_dec does this itself.)
-__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
-                            float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, const float *inv_freq, float eps) {
+// head h - nh and both k and v into the bf16 cache (rounded to nearest even) at
+// position pos + t. Grid (T, nh + nkv), one warp each. (One decode token:
+// k_attn_dec does this itself.)
+__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn,
+                            __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv, int hd, int rd,
+                            const float *inv_freq, float eps) {
     pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
@@ -697,15 +705,16 @@ __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const f
     }
     const int64_t o = (int64_t)(h - nh) * hd;
     warp_norm_rope(kx + t * kvw + o, kn, hd, rd, p, inv_freq, eps, 1.0f, kc + p * kvw + o);
-    for (int i = lane; i < hd; i += 32) vc[p * kvw + o + i] = vx[t * kvw + o + i];
+    for (int i = lane; i < hd; i += 32) vc[p * kvw + o + i] = __float2bfloat16_rn(vx[t * kvw + o + i]);
 }
 
-// Causal attention of token t, head h over keys [0, pos + t], split over
-// gridDim.z key ranges. 4 warps, each an online softmax over its keys; lane
-// holds DPL = hd/32 dims. One split: writes o * sigmoid(gate); several: partials.
+// Causal attention of token t, head h over keys [0, pos + t] of the bf16 cache,
+// split over gridDim.z key ranges. 4 warps, each an online softmax over its
+// keys; lane holds DPL = hd/32 dims. One split: writes o * sigmoid(gate);
+// several: partials.
 template <int DPL>
-__global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, const float *vc, const int *d_pos,
-                                              int nh, int nkv, float *out, float *part) {
+__global__ void __launch_bounds__(128) k_attn(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
+                                              const int *d_pos, int nh, int nkv, float *out, float *part) {
     pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int hd = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -723,16 +732,16 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
     float mx = -INFINITY, l = 0.0f;
 #pragma unroll 4
     for (int64_t j = j0 + warp; j < j1; j += 4) {
-        const float *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
+        const __nv_bfloat16 *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
         float dot = 0.0f;
 #pragma unroll
-        for (int d = 0; d < DPL; d++) dot += qr[d] * kr[d];
+        for (int d = 0; d < DPL; d++) dot += qr[d] * __bfloat162float(kr[d]);
         dot = warp_sum(dot);
         const float mn = fmaxf(mx, dot), corr = expf(mx - mn), pj = expf(dot - mn);
         l = l * corr + pj;
-        const float *vr = vc + j * kvw + (int64_t)kh * hd + lane * DPL;
+        const __nv_bfloat16 *vr = vc + j * kvw + (int64_t)kh * hd + lane * DPL;
 #pragma unroll
-        for (int d = 0; d < DPL; d++) acc[d] = acc[d] * corr + pj * vr[d];
+        for (int d = 0; d < DPL; d++) acc[d] = acc[d] * corr + pj * __bfloat162float(vr[d]);
         mx = mn;
     }
     __shared__ float sm[4], sl[4];
@@ -766,13 +775,15 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 // Decode attention for one query token, GQA-packed: block (kv head kh, split
 // s) serves the G = nh/nkv query heads (G <= 8) that share the KV head, and
 // reads each K and V element of its split from shared memory once for all of
-// them. Keys go 32 at a time through shared memory (cp.async, ADEC_ST
-// buffers). Scores: lane i takes key i, warp w the head dims [w HD/8, (w+1)
-// HD/8) of all G heads (q broadcast from shared memory); the 8 warps' partial
-// dot products meet in shared memory, warp h sums head h's, and keeps its
-// running max and sum. Values: warp w, lane d: output dim w HD/8 + d of every
-// head. (The kernel before took one warp per head: every K and V element was
-// read from shared memory G times, which bounded it at 1.4 TB/s of K/V.)
+// them. Keys go 32 at a time through shared memory as the cache holds them,
+// bf16 (cp.async, ADEC_ST buffers), and are widened to f32 as they are read.
+// Scores: lane i takes key i, warp w the head dims [w HD/8, (w+1) HD/8) of
+// all G heads (q broadcast from shared memory; k 8 dims per 16-byte load);
+// the 8 warps' partial dot products meet in shared memory, warp h sums head
+// h's, and keeps its running max and sum. Values: warp w, lane d: output dim
+// w HD/8 + d of every head. (The kernel before took one warp per head: every
+// K and V element was read from shared memory G times, which bounded it at
+// 1.4 TB/s of K/V.)
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
 // k_attn_combine; an empty split leaves max -inf and sum 0.
 #define ADEC_TK 32
@@ -780,26 +791,35 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 #define ADEC_THREADS 256 // 8 warps, whatever G is
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
+// Dynamic shared memory: the queries (f32 [8][hd]), then bf16: the K tiles
+// ([ADEC_ST][ADEC_TK][hd + 8]: rows padded by 16 bytes, so that the 8 lanes of a
+// quarter-warp's 16-byte loads hit distinct banks), the V tiles
+// ([ADEC_ST][ADEC_TK][hd]) and key p's k and v rows; every part 16-byte aligned.
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
-    return sizeof(float) * ((size_t)10 * hd + (size_t)ADEC_ST * ADEC_TK * (hd + 4) + (size_t)ADEC_ST * ADEC_TK * hd);
+    return sizeof(float) * 8 * (size_t)hd +
+           sizeof(__nv_bfloat16) * ((size_t)ADEC_ST * ADEC_TK * (hd + 8) + (size_t)ADEC_ST * ADEC_TK * hd + 2 * (size_t)hd);
 }
 // It also does k_attn_prep's work for its token: every block norms and ropes
 // its G query heads into shared memory (from qg's raw query half), and the
-// last split, the one holding key p, makes p's K/V row in shared memory,
-// stores it to the cache for later steps, and scores it from there after its
-// cached keys [j0, p), which it loads meanwhile.
+// last split, the one holding key p, makes p's K/V row in shared memory (bf16,
+// rounded as the cache holds it), stores it to the cache for later steps, and
+// scores it from there after its cached keys [j0, p), which it loads
+// meanwhile: key p weighs now exactly as it will in later steps.
 template <int DPL>
 __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
-                                                     const float *kn, const float *inv_freq, int rd, float eps, float *kc,
-                                                     float *vc, const int *d_pos, int nh, int nkv, float *part, int S) {
-    static_assert(DPL % 4 == 0, "float4 chunks per lane");
-    constexpr int HD = DPL * 32, KLD = HD + 4, DW = HD / 8; // DW: head dims per warp
+                                                     const float *kn, const float *inv_freq, int rd, float eps,
+                                                     __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv,
+                                                     float *part, int S) {
+    static_assert(DPL % 2 == 0, "a warp's DW = 4 DPL head dims are 16-byte chunks of 8 bf16");
+    constexpr int HD = DPL * 32, KLD = HD + 8, DW = HD / 8; // KLD: K tile row stride (bf16); DW: head dims per warp
     extern __shared__ __align__(16) float asm_[];
     // per step, double-buffered by its parity (so no barrier is needed after its last reads):
     __shared__ float sp[2][8][8][ADEC_TK];          // partial scores [warp][head][key]
     __shared__ __align__(16) float pb[2][ADEC_TK][8]; // probabilities [key][head]
     __shared__ float corrs[2][8];
-    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
+    float *qs = asm_;
+    __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(qs + 8 * HD), *vs = ks + ADEC_ST * ADEC_TK * KLD,
+                  *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
@@ -810,11 +830,11 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     auto load = [&](int it, int b) {
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
         const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        for (int i = tid; i < cnt * (HD / 4); i += nthr) {
-            const int r = i / (HD / 4), c4 = i % (HD / 4);
-            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 4 * c4;
-            cp_async16(ks + ((size_t)b * ADEC_TK + r) * KLD + 4 * c4, kc + src, true);
-            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 4 * c4, vc + src, true);
+        for (int i = tid; i < cnt * (HD / 8); i += nthr) { // 16-byte chunks: 8 bf16
+            const int r = i / (HD / 8), c8 = i % (HD / 8);
+            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 8 * c8;
+            cp_async16(ks + ((size_t)b * ADEC_TK + r) * KLD + 8 * c8, kc + src, true);
+            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 8 * c8, vc + src, true);
         }
         cp_async_commit();
     };
@@ -829,13 +849,13 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     if (warp < G) warp_norm_rope(qg + (int64_t)(kh * G + warp) * 2 * HD, qn, HD, rd, p, inv_freq, eps, rsqrtf((float)HD),
                                  qs + warp * HD);
     if (last) {
-        float *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
+        __nv_bfloat16 *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
         if (warp == 0) {
             warp_norm_rope(kx + (int64_t)kh * HD, kn, HD, rd, p, inv_freq, eps, 1.0f, kp);
             __syncwarp();
             for (int i = lane; i < HD; i += 32) kd[i] = kp[i];
         }
-        for (int i = tid; i < HD; i += nthr) vd[i] = vp[i] = vx[(int64_t)kh * HD + i];
+        for (int i = tid; i < HD; i += nthr) vd[i] = vp[i] = __float2bfloat16_rn(vx[(int64_t)kh * HD + i]);
     }
     float m = -INFINITY, l = 0.0f; // head `warp`'s running max and sum (warps < G)
     float acc[8];                   // output dim warp*DW + lane of each head (lanes < DW)
@@ -844,20 +864,25 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     // cnt keys whose K rows start at kb (row stride kld) and V rows at vb (stride HD);
     // every thread calls it (it has barriers), after a barrier that made them and qs visible;
     // `par`: which of the two sp/pb/corrs buffers (the step's number, mod 2)
-    auto step = [&](const float *kb, int kld, const float *vb, int cnt, int par) {
+    auto step = [&](const __nv_bfloat16 *kb, int kld, const __nv_bfloat16 *vb, int cnt, int par) {
         float d[8];
 #pragma unroll
         for (int h = 0; h < 8; h++) d[h] = 0.0f;
         if (lane < cnt) {
-            const float *kr = kb + (size_t)lane * kld + warp * DW;
+            const __nv_bfloat16 *kr = kb + (size_t)lane * kld + warp * DW;
 #pragma unroll
-            for (int c = 0; c < DW; c += 4) {
-                const float4 kv = *(const float4 *)(kr + c);
+            for (int c = 0; c < DW; c += 8) {
+                const uint4 raw = *(const uint4 *)(kr + c);
+                const __nv_bfloat162 *k2 = (const __nv_bfloat162 *)&raw;
+                const float2 k01 = __bfloat1622float2(k2[0]), k23 = __bfloat1622float2(k2[1]),
+                             k45 = __bfloat1622float2(k2[2]), k67 = __bfloat1622float2(k2[3]);
 #pragma unroll
                 for (int h = 0; h < 8; h++)
                     if (h < G) {
-                        const float4 qv = *(const float4 *)(qs + h * HD + warp * DW + c); // broadcast
-                        d[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+                        const float *qr = qs + h * HD + warp * DW + c;
+                        const float4 qa = *(const float4 *)qr, qb = *(const float4 *)(qr + 4); // broadcast
+                        d[h] += qa.x * k01.x + qa.y * k01.y + qa.z * k23.x + qa.w * k23.y;
+                        d[h] += qb.x * k45.x + qb.y * k45.y + qb.z * k67.x + qb.w * k67.y;
                     }
             }
         }
@@ -880,12 +905,12 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
         }
         __syncthreads();
         if (lane < DW) {
-            const float *vc0 = vb + warp * DW + lane;
+            const __nv_bfloat16 *vc0 = vb + warp * DW + lane;
 #pragma unroll
             for (int h = 0; h < 8; h++)
                 if (h < G) acc[h] *= corrs[par][h];
             for (int j = 0; j < cnt; j++) {
-                const float v = vc0[(size_t)j * HD];
+                const float v = __bfloat162float(vc0[(size_t)j * HD]);
                 const float4 p0 = *(const float4 *)&pb[par][j][0], p1 = *(const float4 *)&pb[par][j][4]; // broadcast
                 acc[0] += p0.x * v; acc[1] += p0.y * v; acc[2] += p0.z * v; acc[3] += p0.w * v;
                 acc[4] += p1.x * v; acc[5] += p1.y * v; acc[6] += p1.z * v; acc[7] += p1.w * v;
