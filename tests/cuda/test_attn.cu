@@ -221,6 +221,85 @@ static void norm_rope_ref(const float *x, const std::vector<float> &g, int hd, i
     }
 }
 
+// A cache row against its double value: the error beyond round-to-nearest (half a
+// bf16 step at the double value), over max|ref|; NaN -> inf. The f32 arithmetic
+// before the rounding adds ~1e-7 (bar: 2e-6); truncation instead of rounding shows
+// as up to 2^-9 (~2e-3).
+static double rne_err(const __nv_bfloat16 *got, const double *ref, size_t n, size_t *n_nan) {
+    double err = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        const double k = __bfloat162float(got[i]);
+        int e;
+        frexp(ref[i], &e); // |x| in [2^(e-1), 2^e): bf16 steps of 2^(e-8)
+        if (!isfinite(k)) (*n_nan)++;
+        else err = fmax(err, (fabs(k - ref[i]) - ldexp(1.0, e - 9)) / mx);
+    }
+    return *n_nan ? INFINITY : err;
+}
+// Every got[i] the bf16 of x[i] (round to nearest even), bit for bit.
+static bool is_rne(const __nv_bfloat16 *got, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const __nv_bfloat16 v = __float2bfloat16_rn(x[i]);
+        if (memcmp(&got[i], &v, sizeof v)) return false;
+    }
+    return true;
+}
+
+// k_attn_prep (prefill and the decode fallback): T tokens at position pos; q normed
+// and roped in place, and rows pos .. pos + T - 1 of the bf16 cache written (the rows
+// around them start as NaN and must stay so).
+static bool run_prep_case(const Case &c) {
+    const int nh = c.nh, nkv = c.nkv, hd = c.hd, T = c.T, pos = c.pos, rd = hd / 4;
+    const float eps = 1e-6f;
+    const size_t nq = (size_t)T * nh * 2 * hd, kvw = (size_t)nkv * hd, rows = (size_t)pos + T + 1;
+    std::vector<float> qg(nq), kx((size_t)T * kvw), vx((size_t)T * kvw), qn((size_t)hd), kn((size_t)hd), invf((size_t)rd / 2);
+    for (size_t i = 0; i < nq; i++) qg[i] = rnd_sym(3.0f);
+    for (size_t i = 0; i < kx.size(); i++) { kx[i] = rnd_sym(2.0f); vx[i] = rnd_sym(1.0f); }
+    for (int i = 0; i < hd; i++) { qn[(size_t)i] = 1.0f + rnd_sym(0.5f); kn[(size_t)i] = 1.0f + rnd_sym(0.5f); }
+    for (int i = 0; i < rd / 2; i++) invf[(size_t)i] = (float)pow(1e7, -2.0 * i / rd);
+    dbuf<float> dq(nq), dkx(kx.size()), dvx(vx.size()), dqn((size_t)hd), dkn((size_t)hd), dinvf((size_t)rd / 2);
+    dbuf<__nv_bfloat16> dk(rows * kvw), dv(rows * kvw);
+    dbuf<int> dpos(1);
+    dq.put(qg);
+    dkx.put(kx);
+    dvx.put(vx);
+    dqn.put(qn);
+    dkn.put(kn);
+    dinvf.put(invf);
+    dpos.put(&pos);
+    dk.fill_bytes(0xff); // NaN
+    dv.fill_bytes(0xff);
+    k_attn_prep<<<dim3((unsigned)T, (unsigned)(nh + nkv)), 32>>>(dq.p, dkx.p, dvx.p, dqn.p, dkn.p, dk.p, dv.p, dpos.p, nh, nkv,
+                                                                 hd, rd, dinvf.p, eps);
+    CKL();
+    const std::vector<float> q = dq.get();
+    const std::vector<__nv_bfloat16> k = dk.get(), v = dv.get();
+    std::vector<double> y((size_t)hd), qref(nq), kref((size_t)T * kvw);
+    std::vector<float> qgot(nq);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < nh; h++) {
+            const size_t o = ((size_t)t * nh + h) * 2 * hd;
+            norm_rope_ref(&qg[o], qn, hd, rd, pos + t, invf, eps, &qref[o]);
+            for (int i = 0; i < hd; i++) qref[o + hd + i] = qg[o + hd + i]; // the gate half, untouched
+        }
+        for (int h = 0; h < nkv; h++) {
+            const size_t o = (size_t)t * kvw + (size_t)h * hd;
+            norm_rope_ref(&kx[o], kn, hd, rd, pos + t, invf, eps, &kref[o]);
+        }
+    }
+    size_t n_nan = 0, k_nan = 0, poisoned = 0;
+    const double qerr = rel_err(q, qref, &n_nan), kerr = rne_err(&k[(size_t)pos * kvw], kref.data(), (size_t)T * kvw, &k_nan);
+    const bool vok = is_rne(&v[(size_t)pos * kvw], vx.data(), (size_t)T * kvw);
+    for (size_t i = 0; i < rows * kvw; i++) // rows outside [pos, pos + T): not written
+        if (i / kvw < (size_t)pos || i / kvw >= (size_t)pos + T)
+            poisoned += !isnan(__bfloat162float(k[i])) + !isnan(__bfloat162float(v[i]));
+    const bool ok = qerr <= 1e-5 && kerr <= 2e-6 && vok && !poisoned;
+    printf("%s prep nh=%2d nkv=%d hd=%3d T=%2d pos=%5d  q max|err|/max|ref| = %.3e, K rows %.3e beyond rounding, V rows %s%s\n",
+           ok ? "PASS" : "FAIL", nh, nkv, hd, T, pos, qerr, kerr, vok ? "exact" : "WRONG", poisoned ? ", rows outside WRITTEN" : "");
+    return ok;
+}
+
 // Decode (one token at position pos): k_attn_dec over S splits, merged by
 // k_attn_combine, against the same reference; timed at the model's shape
 // against k_attn + k_attn_combine (32 splits, one block per query head).
@@ -310,22 +389,8 @@ static bool run_dec_case(const Case &c, bool timed) {
     reference(c1, qg, kc, vc, ref);
     size_t n_nan = 0, row_nan = 0;
     const double err = rel_err(got, ref, &n_nan);
-    // K row: the error beyond round-to-nearest (half a bf16 step at the double value), over max|ref|
-    double kerr = 0, kmax = 0;
-    for (size_t i = 0; i < kvw; i++) kmax = fmax(kmax, fabs(krow_ref[i]));
-    for (size_t i = 0; i < kvw; i++) {
-        const double k = __bfloat162float(krow[i]);
-        int e;
-        frexp(krow_ref[i], &e); // |x| in [2^(e-1), 2^e): bf16 steps of 2^(e-8)
-        if (!isfinite(k)) row_nan++;
-        else kerr = fmax(kerr, (fabs(k - krow_ref[i]) - ldexp(1.0, e - 9)) / kmax);
-    }
-    if (row_nan) kerr = INFINITY;
-    bool vok = true;
-    for (size_t i = 0; i < kvw; i++) {
-        const __nv_bfloat16 v = __float2bfloat16_rn(vx[i]);
-        vok = vok && memcmp(&vrow[i], &v, sizeof v) == 0;
-    }
+    const double kerr = rne_err(krow.data(), krow_ref.data(), kvw, &row_nan);
+    const bool vok = is_rne(vrow.data(), vx.data(), kvw);
     // k_attn (one block per query head, 32 splits) + the same combine, on the normed and roped q and the
     // row k_attn_dec wrote: the path of head sizes and groups k_attn_dec does not take
     float *dq2;
@@ -343,7 +408,6 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMemcpy(got32.data(), dout, no * 4, cudaMemcpyDeviceToHost));
     size_t n32 = 0;
     const double err32 = rel_err(got32, ref, &n32);
-    // (the K row's f32 arithmetic before the rounding: ~1e-7 of the row's largest value)
     const bool ok = err <= 1e-4 && kerr <= 2e-6 && vok && err32 <= 1e-4;
     printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e beyond rounding, V row %s; "
            "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG",
@@ -403,6 +467,10 @@ int main(void) {
     }
     for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}}) {
         if (run_dec_case(c, false)) pass++;
+        else fail++;
+    }
+    for (Case c : {Case{16, 2, 256, 5, 0}, Case{16, 2, 256, 3, 4090}, Case{4, 2, 64, 7, 100}}) {
+        if (run_prep_case(c)) pass++;
         else fail++;
     }
     printf("%s: %d passed, %d failed\n", fail ? "FAIL" : "PASS", pass, fail);
