@@ -7,17 +7,20 @@
 // (rows [0, pos + T) valid), KV head of h = h / (nh / nkv), pos = *d_pos (read on the
 // device: the kernel is also captured in CUDA graphs).
 //
-// Precision: K and V come from the cache in bf16, exact bf16 MMA operands. Q (f32,
-// scaled into the log2 domain) is split as q = hi + lo, two bf16 (|q - hi - lo| <=
-// 2^-16 |q|), and S = hi K^T + lo K^T (two m16n8k16 MMAs, f32 accumulation): every
-// product q_i k_i is within 2^-16 relative, bf16 keeping f32's range (no scaling, no
-// underflow concern for RMS-normed q). P (f32, in [0, 1]) is split the same way, and
-// P V = P_hi V + P_lo V (two MMAs). Softmax is online, in f32. So the kernel computes
-// the attention of the bf16 cache with Q and P to ~16 bits: a score moves by at most
-// 2^-16 sum_i |q_i k_i| (log2 units), ~1e-5 for the model's normed q and k, far below
-// the cache's own rounding (up to 2^-8 per element, the model's: HF and MLX keep bf16 K/V).
-// Emulated on the CPU (exact fragment semantics), max|err| / max|ref| is 4e-6 .. 7e-6
-// against double math on the same bf16 K/V.
+// Precision: K and V come from the cache in bf16, exact as bf16 MMA operands. Q (f32,
+// scaled into the log2 domain) is split as q = hi + lo, two bf16 (bf16 rounds to 2^-8
+// relative, so |q - hi - lo| <= 2^-16 |q|; f32's exponent range, so no scaling and no
+// underflow), and S = lo K^T + hi K^T (two m16n8k16 MMAs, f32 accumulation): a score
+// moves by at most 2^-16 sum_i |q_i k_i| (~2e-4 in log2 units for unit-RMS q and k at
+// hd 256, ~1e-5 typically, the pieces' errors cancelling), 256x below what the cache's
+// own rounding of K (up to 2^-8 per element: the model's, HF and MLX keep bf16 K/V) does.
+// P (f32, in [0, 1]) is split the same way and P V = P_lo V + P_hi V (two MMAs). Softmax
+// is online, in f32. Emulated on the CPU (exact fragment semantics, the reference on the
+// same bf16 K/V in double), max|err| / max|ref| is 3.0e-6 .. 5.6e-6 up to 4,096 keys and
+// 6.1e-6 at 40,064 (up to 5.9e-6 with the MMA sums rounded term by term). The f32-cache
+// kernel emulated 3-5e-6 and measured 3-7e-6 up to 2,048 keys, 1-2e-5 at 4,096 and
+// 1.5e-4 at 40,064 on the H200, whose MMA accumulation over long key ranges the
+// emulation does not model.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
 //  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
@@ -42,7 +45,8 @@
 // ~224 KB through shared memory (ldmatrix 192 KB + cp.async 32 KB), ~1,750 cycles,
 // while its 1,024 MMAs need ~1,400-1,700; ~376 tiles per SM. The kernel with f32 K/V
 // (512 KB and 1,536 MMAs per tile: three MMAs per product, a conversion pass) measured
-// 1.61 ms (run 19); this one should take ~0.9-1.1 ms.
+// 1.61 ms (run 19) against ~4,000 cycles modelled per tile; scaled alike, this one
+// should take ~0.8-1.1 ms.
 //
 // Long contexts with few query tiles (T small, pos large) launch only
 // ceil(T/64) * nh blocks; correct but not spread over all SMs (no split over keys).
