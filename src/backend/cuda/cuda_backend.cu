@@ -300,7 +300,10 @@ struct lilac_session {
     int64_t pos, max_seq;
     cudaStream_t st;
     // state
-    std::vector<float *> conv_state, ssm, kc, vc;
+    std::vector<float *> conv_state, ssm;
+    // K (normed, roped) and V cache per attention layer, [max_seq][n_kv_heads][head_dim], in
+    // bf16 as the model keeps it (half the bytes decode attention reads, half the memory)
+    std::vector<__nv_bfloat16 *> kc, vc;
     // scratch (CHUNK rows)
     float *x, *xn, *r, *qkv, *conv_out, *z, *bb, *ba, *beta, *decay, *o;
     float *qg, *kx, *vx, *att, *part;
@@ -536,31 +539,34 @@ static int mk_setup(lilac_session *s, lilac_err *err) {
     dlayer *dl;
     unsigned char *isf;
     float **ptrs;
+    __nv_bfloat16 **kvp;
     mk_gemv *dph;
-    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 4 * (size_t)L, err) < 0 ||
-        dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 || dalloc(s, &P.amax_v, (size_t)grid, err) < 0 ||
-        dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
+    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 2 * (size_t)L, err) < 0 ||
+        dalloc(s, &kvp, 2 * (size_t)L, err) < 0 || dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 ||
+        dalloc(s, &P.amax_v, (size_t)grid, err) < 0 || dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
         return -1;
     std::vector<unsigned char> hf((size_t)L);
-    std::vector<float *> hp(4 * (size_t)L);
+    std::vector<float *> hp(2 * (size_t)L);
+    std::vector<__nv_bfloat16 *> hkv(2 * (size_t)L);
     for (int l = 0; l < L; l++) {
         hf[(size_t)l] = c->is_full[l] ? 1 : 0;
         hp[(size_t)l] = s->conv_state[(size_t)l];
         hp[(size_t)(L + l)] = s->ssm[(size_t)l];
-        hp[(size_t)(2 * L + l)] = s->kc[(size_t)l];
-        hp[(size_t)(3 * L + l)] = s->vc[(size_t)l];
+        hkv[(size_t)l] = s->kc[(size_t)l];
+        hkv[(size_t)(L + l)] = s->vc[(size_t)l];
     }
     CK(cudaMemcpy(dl, D->layers.data(), sizeof(dlayer) * (size_t)L, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(isf, hf.data(), (size_t)L, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(ptrs, hp.data(), sizeof(float *) * hp.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(kvp, hkv.data(), sizeof(__nv_bfloat16 *) * hkv.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dph, ph.data(), sizeof(mk_gemv) * ph.size(), cudaMemcpyHostToDevice));
     CK(cudaMemset(P.bar, 0, sizeof(unsigned) * 256));
     P.L = dl;
     P.is_full = isf;
     P.conv = ptrs;
     P.ssm = ptrs + L;
-    P.kc = ptrs + 2 * L;
-    P.vc = ptrs + 3 * L;
+    P.kc = kvp;
+    P.vc = kvp + L;
     P.ph = dph;
     P.embed = D->embed;
     P.final_norm = D->final_norm;
