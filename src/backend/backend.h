@@ -76,6 +76,10 @@ typedef struct {
     int (*forward_sample)(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err);
     /* forward_batch, row i's logits sampled with ss[i]'s state into toks[i]. */
     int (*forward_batch_sample)(lilac_session **ss, const int32_t *ids, int n, int32_t *toks, lilac_err *err);
+    /* Optional (NULL where unsupported): from now on, keep KV cache rows rounded
+     * to bf16 (round to nearest even), as the CUDA backend stores them, so that
+     * tests/cuda/test_cuda.c can hold the two backends to f32 agreement. */
+    void (*set_kv_bf16)(lilac_session *s, bool on);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

@@ -34,6 +34,7 @@ struct lilac_session {
     float **kcache;      /* attention: [kv_cap][n_kv*head_dim] (after k_norm + RoPE) */
     float **vcache;      /* attention: [kv_cap][n_kv*head_dim] */
     int64_t kv_cap;
+    bool kv_bf16;        /* K and V rows rounded to bf16 (set_kv_bf16: the CUDA backend's cache) */
     /* chunk scratch */
     float *x, *xn, *r;                 /* [CHUNK][hidden] */
     float *qkv, *conv_out, *z, *ba, *bb, *o;  /* GDN */
@@ -234,12 +235,14 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     /* Per row: its session's cache and absolute position. */
     float *row_kc[CHUNK], *row_vc[CHUNK];
     int64_t row_pos[CHUNK], max_len = 0;
+    bool row_bf16[CHUNK];
     for (int gi = 0; gi < s->ngrp; gi++) {
         const rowgroup *g = &s->grp[gi];
         kv_reserve(g->s, g->s->pos + g->n);
         for (int t = 0; t < g->n; t++) {
             row_kc[g->t0 + t] = g->s->kcache[l];
             row_vc[g->t0 + t] = g->s->vcache[l];
+            row_bf16[g->t0 + t] = g->s->kv_bf16;
             row_pos[g->t0 + t] = g->s->pos + t;
         }
         if (g->s->pos + g->n > max_len) max_len = g->s->pos + g->n;
@@ -257,7 +260,13 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
             float *k = kc + p * kvw + (int64_t)h * hd;
             cpu_rmsnorm(k, s->kx + t * kvw + (int64_t)h * hd, ly->k_norm, hd, c->rms_eps);
             rope(k, c->rotary_dim, p, s->inv_freq);
-            memcpy(vc + p * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+            float *v = vc + p * kvw + (int64_t)h * hd;
+            memcpy(v, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+            if (row_bf16[t])
+                for (int i = 0; i < hd; i++) {
+                    k[i] = bf16_to_f32(f32_to_bf16(k[i]));
+                    v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+                }
         }
     }
 
@@ -498,6 +507,8 @@ static int cpu_decode_greedy(lilac_session *s, int32_t first, int max_new, bool 
     return lilac_decode_greedy_generic(&lilac_backend_cpu, s, s->m->cfg.vocab, first, max_new, on_token, ud, err);
 }
 
+static void cpu_set_kv_bf16(lilac_session *s, bool on) { s->kv_bf16 = on; }
+
 const lilac_backend lilac_backend_cpu = {
     .name = "cpu",
     .session_new = cpu_session_new,
@@ -512,4 +523,5 @@ const lilac_backend lilac_backend_cpu = {
     .snapshot_pos = cpu_snapshot_pos,
     .snapshot_bytes = cpu_snapshot_bytes,
     .forward_batch = cpu_forward_batch,
+    .set_kv_bf16 = cpu_set_kv_bf16,
 };

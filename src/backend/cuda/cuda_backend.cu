@@ -1542,6 +1542,7 @@ extern "C" const lilac_backend lilac_backend_cuda = {
     "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
     cuda_snapshot, cuda_restore, cuda_snapshot_free, cuda_snapshot_pos, cuda_snapshot_bytes, cuda_forward_batch,
     cuda_sample_begin, cuda_forward_sample, cuda_forward_batch_sample,
+    nullptr, // set_kv_bf16: this backend's cache is always bf16
 };
 
 // ---------------------------------------------------------------- measurements for bench

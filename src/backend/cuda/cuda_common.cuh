@@ -89,6 +89,14 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 // may read memory that any kernel writes: launches can run several kernels ahead.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+// The same at the start of kernels whose successor could prefetch its weights
+// meanwhile (k_gdn_step, k_attn_dec, k_attn_combine): only with -DPDL_EARLY, an
+// experiment (docs/perf.md, run 61).
+__device__ __forceinline__ void pdl_trigger_early() {
+#ifdef PDL_EARLY
+    pdl_trigger();
+#endif
+}
 
 // A launch on stream st, with programmatic stream serialization when pdl (see
 // above); coop: cooperative (every block resident at once, for a grid barrier, or an error).

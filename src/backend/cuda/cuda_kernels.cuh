@@ -589,6 +589,7 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     constexpr int dk = KPT * GDN_G;
     __shared__ float qs[dk], ks[dk], red[32], ss_blk;
     extern __shared__ float part[]; // [GDN_G][cw], then v[cw]
+    pdl_trigger_early();
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
     const int rank = (int)cl.block_rank(), cw = dv / GDN_SPLIT, c0 = rank * cw;
     float *vsm = part + GDN_G * cw;
@@ -902,6 +903,7 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     const int nb = gridDim.x * gridDim.y, bi = blockIdx.y * gridDim.x + blockIdx.x;
     auto mark = [&](int i) { if (prof && tid == 0) prof[i * nb + bi] = gtimer(); };
     mark(0);
+    pdl_trigger_early();
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
     const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
     const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
@@ -1102,6 +1104,7 @@ __host__ __device__ inline dim3 attn_combine_grid(int nh, int T, int hd) {
     return dim3((unsigned)nh, (unsigned)T, (unsigned)(hd / 32));
 }
 __global__ void __launch_bounds__(256) k_attn_combine(const float *qg, const float *part, int S, int nh, int hd, float *out) {
+    pdl_trigger_early();
     pdl_wait();
     __shared__ float red[8][32];
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
