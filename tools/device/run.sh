@@ -6,6 +6,7 @@
 #   bash tools/device/run.sh [quick|full|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
 #   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
+#       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck)
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with the GEMV's weight
 #          stages issued after its input's loads (LILAC_GEMV_POST=$PROBE_POST), and each decode kernel left out in turn
 #          (LILAC_ABLATE, $PROBE_ABLATE)
@@ -95,6 +96,19 @@ if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $A
     if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
+        if [ -d .devdata/tiny ]; then
+            LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-persistent-tiny.log" 2>&1 || rc=1
+            compute-sanitizer --tool memcheck --error-exitcode 9 ./build/lilac generate --model .devdata/tiny --backend cuda \
+                --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8 > "$OUT/memcheck-tiny.log" 2>&1 || { rc=1; echo "memcheck tiny FAILED"; }
+            tail -n 2 "$OUT/memcheck-tiny.log"
+        fi
+        LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-persistent-real-dims.log" 2>&1 || rc=1
+        if [ -d .devdata/tiny-hf ]; then
+            python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128 > "$OUT/test-hf.log" 2>&1 || rc=1
+            tail -n 4 "$OUT/test-hf.log"
+        fi
+    fi
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
     for b in build build-ab build build-ab; do
