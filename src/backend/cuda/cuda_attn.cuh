@@ -8,15 +8,13 @@
 // device: the kernel is also captured in CUDA graphs).
 //
 // Precision: K and V come from the cache in bf16, exact as bf16 MMA operands. Q (f32,
-// scaled into the log2 domain) is split as q = hi + mid + lo, three bf16 (each rounds its
-// remainder to 2^-8 relative, so |q - hi - mid - lo| <= 2^-24 |q|, about f32's own;
-// f32's exponent range, so no scaling and no underflow), and S = lo K^T + mid K^T +
-// hi K^T (three m16n8k16 MMAs, f32 accumulation). With two pieces (2^-16) a score moved
-// by up to 2^-16 sum_i |q_i k_i|, which for the large scores of real RMS-normed heads is
-// ~1e-4 of the logits: measured 7.8e-5 against the CPU reference on the same bf16 cache
-// (run 61), against 3.5e-6 for one decode token, and enough to flip routing near-ties.
-// P (f32, in [0, 1], errors relative to the row's sum) is split in two: P V = P_lo V +
-// P_hi V (two MMAs). Softmax
+// scaled into the log2 domain) is split as q = hi + lo, two bf16 (bf16 rounds to 2^-8
+// relative, so |q - hi - lo| <= 2^-16 |q|; f32's exponent range, so no scaling and no
+// underflow), and S = lo K^T + hi K^T (two m16n8k16 MMAs, f32 accumulation): a score
+// moves by at most 2^-16 sum_i |q_i k_i| (~2e-4 in log2 units for unit-RMS q and k at
+// hd 256, ~1e-5 typically, the pieces' errors cancelling), 256x below what the cache's
+// own rounding of K (up to 2^-8 per element: the model's, HF and MLX keep bf16 K/V) does.
+// P (f32, in [0, 1]) is split the same way and P V = P_lo V + P_hi V (two MMAs). Softmax
 // is online, in f32. Emulated on the CPU (exact fragment semantics, the reference on the
 // same bf16 K/V in double), max|err| / max|ref| is 3.0e-6 .. 5.6e-6 up to 4,096 keys and
 // 6.1e-6 at 40,064 (up to 5.9e-6 with the MMA sums rounded term by term). The f32-cache
@@ -25,7 +23,7 @@
 // emulation does not model.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
-//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/mid/lo bf16, kept in shared memory
+//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
 //    (rows padded by 16 B so ldmatrix is bank-conflict free).
 //  - K/V tiles of 32 keys: cp.async of the bf16 cache rows (16 B chunks, zero-filled
 //    past the last key the block needs) straight into the padded tiles ldmatrix reads;
@@ -40,7 +38,7 @@
 //    the mask is applied only on tiles that cross the diagonal.
 //  - blocks are issued heaviest (latest queries) first; heads sharing a KV head run
 //    side by side and share the K/V tiles through L2 (8 MB of K/V at 4096 keys).
-//  hd 256: 202,752 B of shared memory (1 block / SM), <= 255 registers (no spills).
+//  hd 256: 168,960 B of shared memory (1 block / SM), <= 255 registers (no spills).
 //
 // Expected time, real case (T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
 // useful work, 206 GFLOP of 16-bit MMAs): per block and 32-key tile the SM moves
@@ -69,9 +67,9 @@ constexpr int NB = 3;   // K/V tile buffers: two tiles in flight while one is co
 template <int HD>
 struct geom {
     static constexpr int LDS = HD + 8;                      // bf16 per smem row (pad 16 B)
-    static constexpr size_t q_bytes = (size_t)BM * LDS * 2; // one of Qh, Qm, Ql
+    static constexpr size_t q_bytes = (size_t)BM * LDS * 2; // one of Qh, Ql
     static constexpr size_t t_bytes = (size_t)BN * LDS * 2; // one K or V tile buffer
-    static constexpr size_t smem = 3 * q_bytes + 2 * NB * t_bytes;
+    static constexpr size_t smem = 2 * q_bytes + 2 * NB * t_bytes;
     static constexpr int QCPR = HD / 4;                     // Q: 16-byte chunks (4 f32) per row
     static constexpr int KCPR = HD / 8;                     // K/V: 16-byte chunks (8 bf16) per row
     static constexpr int KV_CPT = BN * KCPR / NT;           // K/V chunks per thread and tile
@@ -121,29 +119,10 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t 
     lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-// (a, b) -> three packed bf16x2 pieces, hi + mid + lo = (a, b) to 2^-24.
-__device__ __forceinline__ void split3(float a, float b, uint32_t &hi, uint32_t &mid, uint32_t &lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const float2 hf = __bfloat1622float2(h);
-    const float ra = a - hf.x, rb = b - hf.y; // exact (Sterbenz)
-    const __nv_bfloat162 m = __floats2bfloat162_rn(ra, rb);
-    const float2 mf = __bfloat1622float2(m);
-    hi = bf2_bits(h);
-    mid = bf2_bits(m);
-    lo = bf2_bits(__floats2bfloat162_rn(ra - mf.x, rb - mf.y));
-}
-
 // Split A times an exact B: c += (ah + al) b, the small term first.
 __device__ __forceinline__ void mma2(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t b0,
                                      uint32_t b1) {
     mma16816(c, al, b0, b1);
-    mma16816(c, ah, b0, b1);
-}
-// The same with three pieces of A.
-__device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&am)[4], const uint32_t (&al)[4],
-                                     uint32_t b0, uint32_t b1) {
-    mma16816(c, al, b0, b1);
-    mma16816(c, am, b0, b1);
     mma16816(c, ah, b0, b1);
 }
 
@@ -163,10 +142,9 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
-    uint16_t *const Qm = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
-    uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes);
+    uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
     // K tile buffers [NB][BN][LDS], then V tile buffers [NB][BN][LDS] (bf16, as cached)
-    const uint32_t sKt = fa::smem_u32(fa_smem + 3 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
+    const uint32_t sKt = fa::smem_u32(fa_smem + 2 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (T + BM - 1) / BM;
@@ -212,11 +190,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             const int t = q0 + row;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
-            uint2 hi, mid, lo;
-            fa::split3(v.x * qscale, v.y * qscale, hi.x, mid.x, lo.x);
-            fa::split3(v.z * qscale, v.w * qscale, hi.y, mid.y, lo.y);
+            uint2 hi, lo;
+            fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
-            *reinterpret_cast<uint2 *>(Qm + row * LDS + col) = mid;
             *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
     }
@@ -226,8 +203,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     const int q_off = (wr + (lane & 15)) * LDS + (lane >> 4) * 8;                  // A: rows, k
     const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8; // B from K rows
     const int v_off = (lane & 15) * LDS + (lane >> 4) * 8;                         // B from V (trans)
-    const uint32_t sQh = fa::smem_u32(Qh) + 2u * q_off, sQm = fa::smem_u32(Qm) + 2u * q_off,
-                   sQl = fa::smem_u32(Ql) + 2u * q_off;
+    const uint32_t sQh = fa::smem_u32(Qh) + 2u * q_off, sQl = fa::smem_u32(Ql) + 2u * q_off;
     const uint32_t sK = sKt + 2u * k_off, sV = sVt + 2u * v_off;
 
     const int g = lane >> 2, tq = lane & 3;
@@ -254,16 +230,15 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             for (int n = 0; n < BN / 8; n++) sa[p][n][0] = sa[p][n][1] = sa[p][n][2] = sa[p][n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t qh[4], qm[4], ql[4];
+            uint32_t qh[4], ql[4];
             fa::ldsm_x4(qh, sQh + 2u * (kk * 16));
-            fa::ldsm_x4(qm, sQm + 2u * (kk * 16));
             fa::ldsm_x4(ql, sQl + 2u * (kk * 16));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t kf[4];
                 fa::ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
-                fa::mma3(sa[kk & 1][2 * np], qh, qm, ql, kf[0], kf[1]);
-                fa::mma3(sa[kk & 1][2 * np + 1], qh, qm, ql, kf[2], kf[3]);
+                fa::mma2(sa[kk & 1][2 * np], qh, ql, kf[0], kf[1]);
+                fa::mma2(sa[kk & 1][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
         }
         float s[BN / 8][4];
