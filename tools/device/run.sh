@@ -7,9 +7,8 @@
 #   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck)
-#   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k with the GEMV's weight
-#          stages issued after its input's loads (LILAC_GEMV_POST=$PROBE_POST), and each decode kernel left out in turn
-#          (LILAC_ABLATE, $PROBE_ABLATE)
+#   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
+#          left out in turn (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
@@ -39,6 +38,17 @@ step() {  # name cmd...
     return $rc
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+# The short modes' pieces: the tiny and 4-layer real-dims whole-model checks (quick; rc=1 on a failure), and
+# one 4k decode bench line of the full-size synth under the given environment assignments.
+model_checks() {
+    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
+    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+}
+bench4k() {
+    env "$@" ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 |
+        grep -E "^ +[0-9]+ "
+}
 
 if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel tests, whole model, decode at 4k
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul build/cuda-tests/test_attn \
@@ -48,21 +58,17 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
     ./build/cuda-tests/test_gdn > "$OUT/test_gdn.log" 2>&1 || rc=1
     ./build/cuda-tests/test_matmul --quick > "$OUT/test_matmul.log" 2>&1 || rc=1
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
-    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
-    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    model_checks
     grep -h -E "in-kernel|moe_down|moe_fused|decode|FAIL|passed|argmax" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     # what each part of the decode step costs inside it: the same bench with it left out (tokens wrong, timing only)
     for a in gdn attn moe; do
         echo "LILAC_ABLATE=$a"
-        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+        bench4k LILAC_ABLATE=$a
     done | tee -a "$OUT/bench.log"
-    echo "LILAC_MOE_SPLIT=0 (k_moe_fused: one cooperative kernel with a grid barrier)" | tee -a "$OUT/bench.log"
-    LILAC_MOE_SPLIT=0 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1 | tee -a "$OUT/bench.log"
-    echo "LILAC_MOE_UNFUSED=1 (the MoE as the gate/up GEMV + k_moe_down)" | tee -a "$OUT/bench.log"
-    LILAC_MOE_UNFUSED=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1 | tee -a "$OUT/bench.log"
+    { echo "LILAC_MOE_SPLIT=0 (k_moe_fused: one cooperative kernel with a grid barrier)"; bench4k LILAC_MOE_SPLIT=0
+      echo "LILAC_MOE_UNFUSED=1 (the MoE as the gate/up GEMV + k_moe_down)"; bench4k LILAC_MOE_UNFUSED=1; } | tee -a "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what each decode kernel costs inside the step
@@ -70,19 +76,13 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
         { tail -20 "$LOGS/build.log"; exit 1; }
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
-    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
-    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    model_checks
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
-    for v in ${PROBE_POST:-1 2 3}; do
-        echo "LILAC_GEMV_POST=$v"
-        LILAC_GEMV_POST=$v ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
-    done | tee -a "$OUT/bench.log"
     for a in ${PROBE_ABLATE:-comb attn gdn inproj outproj router moe}; do
         echo "LILAC_ABLATE=$a"
-        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+        bench4k LILAC_ABLATE=$a
     done | tee -a "$OUT/bench.log"
     exit $rc
 fi
@@ -93,9 +93,7 @@ if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $A
     [ -x build/lilac ] && [ -x build-ab/lilac ] || { tail -20 "$LOGS/build.log" "$LOGS/build-ab.log"; exit 1; }
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
-    if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
-    ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+    model_checks
     if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
         if [ -d .devdata/tiny ]; then
             LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-persistent-tiny.log" 2>&1 || rc=1
@@ -114,12 +112,12 @@ if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $A
     for b in build build-ab build build-ab; do
         for v in ${AB_ENVS:-X=0}; do
             echo "$b $v"
-            env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 3 | head -n 2
+            env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} --decode-steps 64 --rounds 1 2>&1 | grep -E "^ +[0-9]+ "
         done
     done | tee "$OUT/bench.log"
     for a in ${PROBE_ABLATE:-attn}; do
         echo "LILAC_ABLATE=$a"
-        LILAC_ABLATE=$a ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 | tail -n 2 | head -n 1
+        bench4k LILAC_ABLATE=$a
     done | tee -a "$OUT/bench.log"
     exit $rc
 fi

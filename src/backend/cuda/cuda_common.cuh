@@ -90,8 +90,8 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 // The same at the start of kernels whose successor can launch and prefetch its
-// weights meanwhile (k_gdn_step, k_attn_dec, k_attn_combine): +2.4% decode at 4k
-// (docs/perf.md, run 61); -DPDL_LATE leaves it out, for comparison.
+// weights meanwhile (k_gdn_step, k_attn_dec, k_attn_combine): +2.3% decode at 4k
+// in runs 61-62 (docs/perf.md); -DPDL_LATE leaves it out, for comparison.
 __device__ __forceinline__ void pdl_trigger_early() {
 #ifndef PDL_LATE
     pdl_trigger();
