@@ -349,6 +349,10 @@ struct lilac_session {
     unsigned long long *mk_prof; // LILAC_PROFILE: the timestamps of the next pass
     int mk_grid;
     size_t mk_smem;
+    // route_record: the host table [n_layers][rec_n][top_k] the multi-token passes of a forward() call copy
+    // their top-k into (null: off), its capacity in tokens, and the call's tokens and the chunk's first
+    int32_t *rec;
+    int rec_cap, rec_n, rec_t0;
 };
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
@@ -1062,6 +1066,11 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                    grouped ? s->counts : nullptr);
     CKL();
+    if (s->rec && T > 1) { // route_record (tests): this layer's [T][K] ids into the chunk's rows of the table
+        static_assert(sizeof(int) == sizeof(int32_t), "topi is copied into an int32_t table");
+        CK(cudaMemcpyAsync(s->rec + ((int64_t)l * s->rec_n + s->rec_t0) * K, s->topi, sizeof(int) * (size_t)slots,
+                           cudaMemcpyDeviceToHost, s->st));
+    }
     if (!grouped) {
         // Few tokens: gather-GEMV over the routed slots, expert ids read on the device.
         const dmat Wg[2] = {d.exp_gate, d.exp_up};
@@ -1303,9 +1312,12 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
     if (s->pos + n > s->max_seq)
         return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
                           (long long)s->max_seq);
+    if (s->rec && n > s->rec_cap) return lilac_fail(err, "forward: %d tokens exceed the routing record's %d", n, s->rec_cap);
+    s->rec_n = n;
     for (int done = 0; done < n;) {
         const int T = std::min(n - done, CHUNK);
         const bool last = done + T == n;
+        s->rec_t0 = done;
         s->h_pinned[0] = (int)(s->pos + done);
         memcpy(s->h_pinned + 1, ids + done, sizeof(int) * (size_t)T);
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
@@ -1538,11 +1550,21 @@ static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int
     return 0;
 }
 
+// Tests only (tests/cuda/test_cuda.c): moe_layer copies each multi-token pass's top-k to the table; the
+// copies are ordered on the session stream, which cuda_forward synchronises after every chunk.
+static void cuda_route_record(lilac_session *s, int32_t *ids, int cap) {
+    s->rec = ids;
+    s->rec_cap = ids ? cap : 0;
+}
+
 extern "C" const lilac_backend lilac_backend_cuda = {
     "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
     cuda_snapshot, cuda_restore, cuda_snapshot_free, cuda_snapshot_pos, cuda_snapshot_bytes, cuda_forward_batch,
     cuda_sample_begin, cuda_forward_sample, cuda_forward_batch_sample,
     nullptr, // set_kv_bf16: this backend's cache is always bf16
+    cuda_route_record,
+    nullptr, // route_replay: the CPU reference replays, this backend records
+    nullptr, // route_regret
 };
 
 // ---------------------------------------------------------------- measurements for bench
