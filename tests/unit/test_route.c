@@ -49,7 +49,7 @@ static void test_record_then_replay_own(void) {
     for (int64_t i = 0; i < L; i++) rec[i] = -1;
     float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V)),
           *lc = malloc(sizeof(float) * (size_t)(N * V));
-    lilac_session *s = B->session_new(&M, 1024, 0, &err);
+    lilac_session *s = B->session_new(&M, 1024, 1, &err);
     run_plain(s, ids, N, la);
     /* Recording: every row written with K distinct experts, the logits untouched. */
     B->route_record(s, rec, N);
@@ -108,7 +108,7 @@ static void test_replay_worse(void) {
     ids_for(ids, N, 2);
     int32_t *tab = malloc(sizeof(int32_t) * (size_t)L);
     float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V));
-    lilac_session *s = B->session_new(&M, 1024, 0, &err);
+    lilac_session *s = B->session_new(&M, 1024, 1, &err);
     B->route_record(s, tab, N);
     run_plain(s, ids, N, la);
     B->route_record(s, NULL, 0);
@@ -138,7 +138,7 @@ static void test_refusals(void) {
     int32_t ids[9];
     ids_for(ids, 9, 3);
     int32_t *tab = malloc(sizeof(int32_t) * (size_t)table_len(9));
-    lilac_session *s = B->session_new(&M, 64, 0, &err);
+    lilac_session *s = B->session_new(&M, 64, 1, &err);
     B->route_record(s, tab, 8);
     CHECK_FAIL_MSG(B->forward(s, ids, 9, LOGITS_NONE, NULL, &err), err, "9 tokens", "routing record");
     CHECK(B->forward(s, ids, 8, LOGITS_NONE, NULL, &err) == 0);
