@@ -76,6 +76,26 @@ typedef struct {
     int (*forward_sample)(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err);
     /* forward_batch, row i's logits sampled with ss[i]'s state into toks[i]. */
     int (*forward_batch_sample)(lilac_session **ss, const int32_t *ids, int n, int32_t *toks, lilac_err *err);
+    /* Optional (NULL where unsupported): from now on, keep KV cache rows rounded
+     * to bf16 (round to nearest even), as the CUDA backend stores them, so that
+     * tests/cuda/test_cuda.c can hold the two backends to f32 agreement. */
+    void (*set_kv_bf16)(lilac_session *s, bool on);
+    /* Routing record and replay (optional, NULL where unsupported): tests/cuda/test_cuda.c replays the CUDA
+     * backend's expert choices on the CPU reference, so that a near-tie between the k-th and (k+1)-th expert,
+     * which the two backends' rounding may break differently, does not make their logits diverge. A table
+     * holds, for a forward() call of n tokens, ids[(l * n + i) * top_k + k]: layer l, token i of the call
+     * (all chunks, in order), k-th pick; cap bounds n (a longer call fails). NULL ids: off.
+     * Record (CPU: every call; CUDA: tokens of multi-token passes only, not one-token calls or chunks, nor
+     * graphs): forward() writes the top-k ids it chose; rows it does not record are left as they are. */
+    void (*route_record)(lilac_session *s, int32_t *ids, int cap);
+    /* Replay: forward() routes each row of the table that holds ids (-1 rows: its own top-k) to those
+     * experts, weighted by this backend's own router probabilities there (same softmax and renormalisation),
+     * and measures each replayed choice's regret: (p(own k-th best) - min p(replayed ids)) / p(own k-th best),
+     * 0 where the sets agree. Setting a table clears the measurements. */
+    void (*route_replay)(lilac_session *s, const int32_t *ids, int cap);
+    /* The worst regret since route_replay, and (differ non-NULL) how many replayed rows differed from the
+     * backend's own top-k as a set. */
+    double (*route_regret)(const lilac_session *s, int64_t *differ);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

@@ -9,8 +9,14 @@
  *    4096-token prefill chunk): top-1 agreement >= 99% and
  *    max|dlogit| / max|logit| <= 2e-2 per position. Random-weight routers have
  *    near-tied experts at a few positions, where f32 summation order alone can
- *    flip a top-k choice; so at most 0.2% of positions (none below 500) may
- *    exceed the bound. A real bug moves far more than that.
+ *    flip a top-k choice. So the GPU records its expert choices and the CPU
+ *    replays them (route_record / route_replay): every position must then meet
+ *    the bound, and each replayed choice must be a near-tie for the CPU (regret
+ *    <= 1e-3, relative router probability of its own k-th best expert), so a GPU
+ *    that routes wrongly still fails. The CPU's comparison with its own routing
+ *    is printed too, for information. Tokens the GPU does not record (one-token
+ *    passes: prompt 1, the last token of 4097) and backends without the entries
+ *    keep the old allowance: at most 0.2% of positions (none below 500) over.
  *  - prefill then incremental single-token steps (the decode path, attention
  *    split over the KV cache);
  *  - greedy decoding continued from a prefilled state: identical ids. */
@@ -26,15 +32,17 @@ static const lilac_backend *CPU, *GPU;
 static lilac_session *scpu, *sgpu;
 static bool quick, prefill_only;
 static int user_lens[64], n_user_lens; /* --lens */
+static bool replay; /* the GPU records its routing, the CPU replays it (both backends have the entries) */
 
 static void make_ids(int32_t *ids, int n, uint32_t seed) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((((uint64_t)(i + seed) * 2654435761u) >> 7) % (uint64_t)M.cfg.vocab);
 }
 
-/* Compare [n, V] logits; returns 0 when within the bar. */
-static int compare(const float *ref, const float *got, int n, const char *what) {
+/* Compare [n, V] logits; returns 0 when within the bar. Positions below `strict`
+ * (routing replayed) must all be within it; the rest may have n/500 outliers. */
+static int compare(const float *ref, const float *got, int n, const char *what, int strict) {
     const int64_t V = M.cfg.vocab;
-    int agree = 0, outliers = 0, first_out = -1;
+    int agree = 0, outliers = 0, strict_out = 0, first_out = -1;
     double worst = 0, before = 0; /* before: the worst position ahead of the first outlier */
     int worst_pos = 0;
     for (int t = 0; t < n; t++) {
@@ -49,33 +57,75 @@ static int compare(const float *ref, const float *got, int n, const char *what) 
             if (isnan(g[i])) md = INFINITY;
         }
         agree += ar == ag;
-        outliers += md / mx > 2e-2;
+        outliers += md / mx > 2e-2 && t >= strict;
+        strict_out += md / mx > 2e-2 && t < strict;
         if (md / mx > 2e-2 && first_out < 0) first_out = t;
         if (first_out < 0) before = fmax(before, md / mx);
         if (md / mx > worst) { worst = md / mx; worst_pos = t; }
     }
     double top1 = (double)agree / n;
     printf("  %-34s n=%5d top1 %.4f  max rel err %.2e (pos %d), %d position(s) over 2e-2\n", what, n, top1, worst,
-           worst_pos, outliers);
+           worst_pos, outliers + strict_out);
     /* Random-weight routers have near-tied experts; one flipped choice moves every later
      * position through the recurrent state: show where the divergence starts. */
     if (first_out >= 0)
         printf("  %-34s first position over 2e-2: %d; max rel err before it %.2e\n", "", first_out, before);
-    return (top1 >= 0.99 || agree == n) && outliers <= n / 500 ? 0 : -1;
+    return (top1 >= 0.99 || agree == n) && strict_out == 0 && outliers <= n / 500 ? 0 : -1;
 }
 
-static void check_prefill_len(int n) {
+/* The teacher-forced pass of ids on both backends from position 0 (CPU logits into a, GPU's into b; NULL
+ * with LOGITS_NONE). With replay, the GPU records its routing and the CPU runs twice: with its own routing
+ * (compared for information when a is given), then replaying the GPU's. Returns the number of leading
+ * tokens whose routing was replayed (0 without replay); *regret gets the CPU's worst regret. */
+static int forward_pair(const int32_t *ids, int n, lilac_logits_mode mode, float *a, float *b, const char *what,
+                        double *regret) {
     lilac_err err = {{0}};
+    const int64_t len = (int64_t)M.cfg.n_layers * n * M.cfg.top_k;
+    int32_t *rec = replay ? malloc(sizeof(int32_t) * (size_t)len) : NULL;
+    for (int64_t i = 0; rec && i < len; i++) rec[i] = -1;
+    *regret = 0;
+    CPU->session_reset(scpu);
+    GPU->session_reset(sgpu);
+    if (rec) GPU->route_record(sgpu, rec, n);
+    CHECKF(GPU->forward(sgpu, ids, n, mode, b, &err) == 0, "%s", err.msg);
+    if (rec) GPU->route_record(sgpu, NULL, 0);
+    int replayed = 0; /* layer 0's rows tell which tokens the GPU recorded (all layers alike) */
+    while (rec && replayed < n && rec[(int64_t)replayed * M.cfg.top_k] >= 0) replayed++;
+    if (!replayed || a) CHECKF(CPU->forward(scpu, ids, n, mode, a, &err) == 0, "%s", err.msg);
+    if (!replayed) {
+        free(rec);
+        return 0;
+    }
+    if (a) { /* the CPU's own routing: for information */
+        char own[64];
+        snprintf(own, sizeof own, "%s (own routing)", what);
+        compare(a, b, n, own, 0);
+        CPU->session_reset(scpu);
+    }
+    CPU->route_replay(scpu, rec, n);
+    CHECKF(CPU->forward(scpu, ids, n, mode, a, &err) == 0, "%s", err.msg);
+    int64_t differ = 0;
+    *regret = CPU->route_regret(scpu, &differ);
+    CPU->route_replay(scpu, NULL, 0);
+    printf("  %-34s routing replayed for %d of %d tokens: %lld of %lld choices not the CPU's own, worst regret %.2e\n",
+           what, replayed, n, (long long)differ, (long long)M.cfg.n_layers * replayed, *regret);
+    free(rec);
+    return replayed;
+}
+
+/* Replayed routing must be a near-tie for the CPU: a wrong GPU top-k is far from one. */
+static const double REGRET_MAX = 1e-3;
+
+static void check_prefill_len(int n) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);
     make_ids(ids, n, (uint32_t)n);
     float *a = malloc(sizeof(float) * (size_t)n * (size_t)M.cfg.vocab), *b = malloc(sizeof(float) * (size_t)n * (size_t)M.cfg.vocab);
-    CPU->session_reset(scpu);
-    GPU->session_reset(sgpu);
-    CHECKF(CPU->forward(scpu, ids, n, LOGITS_ALL, a, &err) == 0, "%s", err.msg);
-    CHECKF(GPU->forward(sgpu, ids, n, LOGITS_ALL, b, &err) == 0, "%s", err.msg);
     char what[64];
     snprintf(what, sizeof what, "teacher-forced, prompt %d", n);
-    CHECK(compare(a, b, n, what) == 0);
+    double regret;
+    const int strict = forward_pair(ids, n, LOGITS_ALL, a, b, what, &regret);
+    CHECK(compare(a, b, n, what, strict) == 0);
+    CHECKF(regret <= REGRET_MAX, "%s: worst regret %.2e", what, regret);
     free(ids); free(a); free(b);
 }
 
@@ -101,15 +151,14 @@ static void test_incremental(void) {
     int32_t ids[P + S];
     make_ids(ids, P + S, 99);
     float *a = malloc(sizeof(float) * (size_t)S * (size_t)V), *b = malloc(sizeof(float) * (size_t)S * (size_t)V);
-    CPU->session_reset(scpu);
-    GPU->session_reset(sgpu);
-    CHECKF(CPU->forward(scpu, ids, P, LOGITS_NONE, NULL, &err) == 0, "%s", err.msg);
-    CHECKF(GPU->forward(sgpu, ids, P, LOGITS_NONE, NULL, &err) == 0, "%s", err.msg);
+    double regret; /* the prefill's routing replayed (the single steps route on their own) */
+    forward_pair(ids, P, LOGITS_NONE, NULL, NULL, "prefill 70", &regret);
+    CHECKF(regret <= REGRET_MAX, "prefill 70: worst regret %.2e", regret);
     for (int i = 0; i < S; i++) {
         CHECKF(CPU->forward(scpu, ids + P + i, 1, LOGITS_LAST, a + (int64_t)i * V, &err) == 0, "%s", err.msg);
         CHECKF(GPU->forward(sgpu, ids + P + i, 1, LOGITS_LAST, b + (int64_t)i * V, &err) == 0, "%s", err.msg);
     }
-    CHECK(compare(a, b, S, "prefill 70 + 24 single steps") == 0);
+    CHECK(compare(a, b, S, "prefill 70 + 24 single steps", 0) == 0);
     CHECK(GPU->session_pos(sgpu) == P + S);
     free(a); free(b);
 }
@@ -161,7 +210,7 @@ static void test_snapshot(void) {
     CHECK(GPU->forward(sgpu, b, 9, LOGITS_ALL, x, &err) == 0);
     CHECK(GPU->forward(f, p, 50, LOGITS_NONE, NULL, &err) == 0);
     CHECK(GPU->forward(f, b, 9, LOGITS_ALL, y, &err) == 0);
-    CHECK(compare(y, x, 9, "snapshot restore vs fresh (GPU)") == 0);
+    CHECK(compare(y, x, 9, "snapshot restore vs fresh (GPU)", 0) == 0);
     GPU->snapshot_free(snap);
     GPU->session_free(f);
     free(x);
@@ -215,6 +264,12 @@ int main(int argc, char **argv) {
     scpu = CPU->session_new(&M, 8192, 0, &err);
     sgpu = GPU->session_new(&M, 8192, 0, &err);
     if (!scpu || !sgpu) { fprintf(stderr, "%s\n", err.msg); return 2; }
+    /* The CUDA backend keeps its KV cache in bf16 (as the official bf16 model does): the reference rounds its
+     * cache the same way, so that everything else is held to f32 agreement (with an f32 cache, routing near-ties
+     * of the random synth models flip at a few positions; docs/perf.md, run 60). */
+    CPU->set_kv_bf16(scpu, true);
+    replay = GPU->route_record && CPU->route_replay && CPU->route_regret;
+    if (!replay) printf("(no routing replay: the backends lack route_record / route_replay)\n");
     printf("model %s\n", argv[1]);
     print_note(argv[1]);
     TEST(test_prefill_lengths);

@@ -34,6 +34,7 @@ struct lilac_session {
     float **kcache;      /* attention: [kv_cap][n_kv*head_dim] (after k_norm + RoPE) */
     float **vcache;      /* attention: [kv_cap][n_kv*head_dim] */
     int64_t kv_cap;
+    bool kv_bf16;        /* K and V rows rounded to bf16 (set_kv_bf16: the CUDA backend's cache) */
     /* chunk scratch */
     float *x, *xn, *r;                 /* [CHUNK][hidden] */
     float *qkv, *conv_out, *z, *ba, *bb, *o;  /* GDN */
@@ -43,6 +44,13 @@ struct lilac_session {
     float *inv_freq;                   /* [rotary_dim/2] RoPE frequencies */
     rowgroup grp[CHUNK];               /* the groups of the pass this session leads */
     int ngrp;
+    /* routing record / replay (route_record, route_replay): tables [n_layers][n][top_k] */
+    int32_t *rt_rec;
+    const int32_t *rt_rep;
+    int rt_rec_cap, rt_rep_cap;
+    int rt_n, rt_t0;       /* the forward() call's tokens and the chunk's first (rt_n 0: no table applies) */
+    double rt_regret;      /* worst replayed regret since route_replay */
+    int64_t rt_differ;     /* replayed rows that differed from the own top-k */
 };
 
 /* ---- session ------------------------------------------------------------ */
@@ -234,12 +242,14 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     /* Per row: its session's cache and absolute position. */
     float *row_kc[CHUNK], *row_vc[CHUNK];
     int64_t row_pos[CHUNK], max_len = 0;
+    bool row_bf16[CHUNK];
     for (int gi = 0; gi < s->ngrp; gi++) {
         const rowgroup *g = &s->grp[gi];
         kv_reserve(g->s, g->s->pos + g->n);
         for (int t = 0; t < g->n; t++) {
             row_kc[g->t0 + t] = g->s->kcache[l];
             row_vc[g->t0 + t] = g->s->vcache[l];
+            row_bf16[g->t0 + t] = g->s->kv_bf16;
             row_pos[g->t0 + t] = g->s->pos + t;
         }
         if (g->s->pos + g->n > max_len) max_len = g->s->pos + g->n;
@@ -257,7 +267,13 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
             float *k = kc + p * kvw + (int64_t)h * hd;
             cpu_rmsnorm(k, s->kx + t * kvw + (int64_t)h * hd, ly->k_norm, hd, c->rms_eps);
             rope(k, c->rotary_dim, p, s->inv_freq);
-            memcpy(vc + p * kvw + (int64_t)h * hd, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+            float *v = vc + p * kvw + (int64_t)h * hd;
+            memcpy(v, s->vx + t * kvw + (int64_t)h * hd, sizeof(float) * (size_t)hd);
+            if (row_bf16[t])
+                for (int i = 0; i < hd; i++) {
+                    k[i] = bf16_to_f32(f32_to_bf16(k[i]));
+                    v[i] = bf16_to_f32(f32_to_bf16(v[i]));
+                }
         }
     }
 
@@ -295,12 +311,34 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
 
 /* ---- mixture of experts ------------------------------------------------- */
 
-static void moe_layer(lilac_session *s, const lilac_layer *ly, int T) {
+/* Replace token row ti (own top-k, best first) by the replayed ids ri; account the regret. */
+static void replay_row(lilac_session *s, const float *p, int *ti, const int32_t *ri, int K) {
+    const float pk = p[ti[K - 1]];
+    float pmin = INFINITY;
+    bool same = true;
+    for (int k = 0; k < K; k++) {
+        bool in = false;
+        for (int j = 0; j < K; j++) in |= ti[j] == ri[k];
+        same &= in;
+        pmin = fminf(pmin, p[ri[k]]);
+    }
+    if (!same) {
+        s->rt_differ++;
+        if (pk > 0.0f && pmin < pk) s->rt_regret = fmax(s->rt_regret, ((double)pk - pmin) / pk);
+    }
+    for (int k = 0; k < K; k++) ti[k] = ri[k];
+}
+
+static void moe_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     const lilac_config *c = &s->m->cfg;
     const int E = c->n_experts, K = c->top_k;
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
+    /* this chunk's rows of the routing tables, if any */
+    const int64_t rt_off = ((int64_t)l * s->rt_n + s->rt_t0) * K;
+    int32_t *rec = s->rt_n && s->rt_rec ? s->rt_rec + rt_off : NULL;
+    const int32_t *rep = s->rt_n && s->rt_rep ? s->rt_rep + rt_off : NULL;
 
-    /* Router: softmax over all experts (f32), top-k, renormalise. */
+    /* Router: softmax over all experts (f32), top-k (or the replayed ids), renormalise. */
     cpu_matmul(&ly->router, s->xn, T, s->router);
     for (int t = 0; t < T; t++) {
         float *p = s->router + (int64_t)t * E;
@@ -318,8 +356,10 @@ static void moe_layer(lilac_session *s, const lilac_layer *ly, int T) {
                 if (!taken && (best < 0 || p[e] > p[best])) best = e;
             }
             ti[k] = best;
-            tot += tw[k] = p[best];
         }
+        if (rec) for (int k = 0; k < K; k++) rec[t * K + k] = ti[k];
+        if (rep && rep[t * K] >= 0) replay_row(s, p, ti, rep + t * K, K);
+        for (int k = 0; k < K; k++) tot += tw[k] = p[ti[k]];
         if (c->norm_topk) for (int k = 0; k < K; k++) tw[k] /= tot;
     }
 
@@ -373,7 +413,7 @@ static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_log
         for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
 
         for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, s->x + t * H, ly->post_norm, H, c->rms_eps);
-        moe_layer(s, ly, T);
+        moe_layer(s, ly, l, T);
         for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
     }
     for (int gi = 0; gi < s->ngrp; gi++) s->grp[gi].s->pos += s->grp[gi].n;
@@ -382,6 +422,29 @@ static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_log
     int first = mode == LOGITS_ALL ? 0 : T - 1;
     for (int t = first; t < T; t++) cpu_rmsnorm(s->xn + (t - first) * H, s->x + t * H, m->final_norm, H, c->rms_eps);
     cpu_matmul(&m->lm_head, s->xn, T - first, logits);
+}
+
+/* The routing tables fit a call of n tokens; a replay table's rows are -1 throughout or K distinct experts. */
+static int check_route_tables(const lilac_session *s, int n, lilac_err *err) {
+    const lilac_config *c = &s->m->cfg;
+    const int K = c->top_k;
+    if (s->rt_rec && n > s->rt_rec_cap)
+        return lilac_fail(err, "forward: %d tokens exceed the routing record's %d", n, s->rt_rec_cap);
+    if (!s->rt_rep) return 0;
+    if (n > s->rt_rep_cap) return lilac_fail(err, "forward: %d tokens exceed the routing replay's %d", n, s->rt_rep_cap);
+    for (int64_t r = 0; r < (int64_t)c->n_layers * n; r++) {
+        const int32_t *ri = s->rt_rep + r * K;
+        bool ok = true;
+        for (int k = 0; k < K; k++) {
+            if (ri[0] < 0) ok &= ri[k] == -1;
+            else ok &= ri[k] >= 0 && ri[k] < c->n_experts;
+            for (int j = 0; j < k && ri[0] >= 0; j++) ok &= ri[j] != ri[k];
+        }
+        if (!ok)
+            return lilac_fail(err, "forward: routing replay row (layer %lld, token %lld) is not -1s or %d distinct experts",
+                              (long long)(r / n), (long long)(r % n), K);
+    }
+    return 0;
 }
 
 static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits_mode mode, float *logits, lilac_err *err) {
@@ -394,6 +457,7 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
     if (s->pos + n > s->max_seq)
         return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
                           (long long)s->max_seq);
+    if (check_route_tables(s, n, err) < 0) return -1;
     for (int done = 0; done < n;) {
         int T = n - done < CHUNK ? n - done : CHUNK;
         bool last = done + T == n;
@@ -401,7 +465,10 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
         float *out = mode == LOGITS_ALL ? logits + (int64_t)done * c->vocab : logits;
         s->ngrp = 1;
         s->grp[0] = (rowgroup){.s = s, .t0 = 0, .n = T};
+        s->rt_n = n;
+        s->rt_t0 = done;
         forward_chunk(s, ids + done, T, cm, out);
+        s->rt_n = 0;
         done += T;
     }
     return 0;
@@ -424,6 +491,7 @@ static int cpu_forward_batch(lilac_session **ss, const int32_t *ids, int n, floa
     for (int done = 0; done < n; done += CHUNK) {
         const int T = n - done < CHUNK ? n - done : CHUNK;
         lilac_session *lead = ss[done];
+        lead->rt_n = 0; /* routing tables are per session: not for a batch */
         lead->ngrp = T;
         for (int i = 0; i < T; i++) lead->grp[i] = (rowgroup){.s = ss[done + i], .t0 = i, .n = 1};
         forward_chunk(lead, ids + done, T, LOGITS_ALL, logits + (int64_t)done * c->vocab);
@@ -498,6 +566,25 @@ static int cpu_decode_greedy(lilac_session *s, int32_t first, int max_new, bool 
     return lilac_decode_greedy_generic(&lilac_backend_cpu, s, s->m->cfg.vocab, first, max_new, on_token, ud, err);
 }
 
+static void cpu_set_kv_bf16(lilac_session *s, bool on) { s->kv_bf16 = on; }
+
+static void cpu_route_record(lilac_session *s, int32_t *ids, int cap) {
+    s->rt_rec = ids;
+    s->rt_rec_cap = ids ? cap : 0;
+}
+
+static void cpu_route_replay(lilac_session *s, const int32_t *ids, int cap) {
+    s->rt_rep = ids;
+    s->rt_rep_cap = ids ? cap : 0;
+    s->rt_regret = 0;
+    s->rt_differ = 0;
+}
+
+static double cpu_route_regret(const lilac_session *s, int64_t *differ) {
+    if (differ) *differ = s->rt_differ;
+    return s->rt_regret;
+}
+
 const lilac_backend lilac_backend_cpu = {
     .name = "cpu",
     .session_new = cpu_session_new,
@@ -512,4 +599,8 @@ const lilac_backend lilac_backend_cpu = {
     .snapshot_pos = cpu_snapshot_pos,
     .snapshot_bytes = cpu_snapshot_bytes,
     .forward_batch = cpu_forward_batch,
+    .set_kv_bf16 = cpu_set_kv_bf16,
+    .route_record = cpu_route_record,
+    .route_replay = cpu_route_replay,
+    .route_regret = cpu_route_regret,
 };

@@ -7,22 +7,29 @@
 // (rows [0, pos + T) valid), KV head of h = h / (nh / nkv), pos = *d_pos (read on the
 // device: the kernel is also captured in CUDA graphs).
 //
-// Precision: every f32 operand x is split as x = hi + lo (two 16-bit floats) and a
-// product is hi_a*hi_b + hi_a*lo_b + lo_a*hi_b with f32 accumulation (three m16n8k16
-// MMAs). Q K^T uses f16 pieces (~22 bits: q and k are RMS-normed, far inside the f16
-// range; values under 2^-14 keep an absolute error <= 2^-25), P V uses bf16 pieces
-// (~16 bits, f32's range: V is not normalised). Softmax is online, in f32. Emulated on
-// the CPU (exact fragment semantics), max|err| / max|ref| is 3e-6 .. 5e-6 against
-// double math, dominated by the bf16 split of V.
+// Precision: K and V come from the cache in bf16, exact as bf16 MMA operands. Q (f32,
+// scaled into the log2 domain) is split as q = hi + lo, two bf16 (bf16 rounds to 2^-8
+// relative, so |q - hi - lo| <= 2^-16 |q|; f32's exponent range, so no scaling and no
+// underflow), and S = lo K^T + hi K^T (two m16n8k16 MMAs, f32 accumulation): a score
+// moves by at most 2^-16 sum_i |q_i k_i| (~2e-4 in log2 units for unit-RMS q and k at
+// hd 256, ~1e-5 typically, the pieces' errors cancelling), 256x below what the cache's
+// own rounding of K (up to 2^-8 per element: the model's, HF and MLX keep bf16 K/V) does.
+// P (f32, in [0, 1]) is split the same way and P V = P_lo V + P_hi V (two MMAs). Softmax
+// is online, in f32. Emulated on the CPU (exact fragment semantics, the reference on the
+// same bf16 K/V in double), max|err| / max|ref| is 3.0e-6 .. 5.6e-6 up to 4,096 keys and
+// 6.1e-6 at 40,064 (up to 5.9e-6 with the MMA sums rounded term by term). The f32-cache
+// kernel emulated 3-5e-6 and measured 3-7e-6 up to 2,048 keys, 1-2e-5 at 4,096 and
+// 1.5e-4 at 40,064 on the H200, whose MMA accumulation over long key ranges the
+// emulation does not model.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
-//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo f16, kept in shared memory
+//  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
 //    (rows padded by 16 B so ldmatrix is bank-conflict free).
-//  - K/V tiles of 32 keys: cp.async (f32, 16 B chunks, zero-filled past the last key the
-//    block needs) into a staging buffer one tile ahead; each thread converts the chunks it
-//    copied itself into hi/lo tiles (K f16, V bf16; staging needs no barrier), two barriers
-//    per tile. The copy of tile j+2 is in flight while tile j+1 is computed.
-//  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 3 MMAs per fragment pair, two
+//  - K/V tiles of 32 keys: cp.async of the bf16 cache rows (16 B chunks, zero-filled
+//    past the last key the block needs) straight into the padded tiles ldmatrix reads;
+//    NB = 3 buffers, so tiles j+1 and j+2 are in flight while tile j is computed; one
+//    barrier per tile.
+//  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 2 MMAs per fragment pair, two
 //    accumulator sets (by k-step parity) for more independent MMA chains.
 //  - online softmax on the S fragments (exp2, quad shuffles), P re-used as the A
 //    operand of P V straight from registers (split hi/lo), V via ldmatrix.trans;
@@ -30,15 +37,16 @@
 //  - causal: a block visits only key tiles [0, ceil((pos + last query + 1) / 32));
 //    the mask is applied only on tiles that cross the diagonal.
 //  - blocks are issued heaviest (latest queries) first; heads sharing a KV head run
-//    side by side and share the K/V tiles through L2 (16 MB of K/V at 4096 keys).
-//  hd 256: 200,704 B of shared memory (1 block / SM), <= 255 registers (no spills).
+//    side by side and share the K/V tiles through L2 (8 MB of K/V at 4096 keys).
+//  hd 256: 168,960 B of shared memory (1 block / SM), <= 255 registers (no spills).
 //
 // Expected time, real case (T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
-// useful f32-equivalent work, 309 GFLOP of 16-bit MMAs): per block and 32-key tile the
-// SM moves ~512 KB through shared memory (ldmatrix 320 KB + staging/convert 192 KB),
-// ~4,000 cycles, while its MMAs need ~2,000-2,500; 512 blocks x ~97 tiles / 132 SMs
-// = ~376 tiles per SM -> ~1.5 M cycles -> ~0.9 ms at 1.75 GHz; we expect 1-1.5 ms
-// (70-100 TFLOP/s useful), against ~52 ms for k_attn.
+// useful work, 206 GFLOP of 16-bit MMAs): per block and 32-key tile the SM moves
+// ~224 KB through shared memory (ldmatrix 192 KB + cp.async 32 KB), ~1,750 cycles,
+// while its 1,024 MMAs need ~1,400-1,700; ~376 tiles per SM. The kernel with f32 K/V
+// (512 KB and 1,536 MMAs per tile: three MMAs per product, a conversion pass) measured
+// 1.61 ms (run 19) against ~4,000 cycles modelled per tile; scaled alike, this one
+// should take ~0.8-1.1 ms.
 //
 // Long contexts with few query tiles (T small, pos large) launch only
 // ceil(T/64) * nh blocks; correct but not spread over all SMs (no split over keys).
@@ -47,8 +55,6 @@
 
 #include <atomic>
 
-#include <cuda_fp16.h>
-
 #include "cuda_common.cuh"
 
 namespace lilac_fa {
@@ -56,19 +62,20 @@ namespace lilac_fa {
 constexpr int BM = 64;  // queries per block
 constexpr int BN = 32;  // keys per tile
 constexpr int NT = 128; // threads per block (4 warps x 16 query rows)
+constexpr int NB = 3;   // K/V tile buffers: two tiles in flight while one is computed
 
 template <int HD>
 struct geom {
-    static constexpr int LDS = HD + 8;                               // bf16 per smem row (pad 16 B)
-    static constexpr size_t q_bytes = (size_t)BM * LDS * 2;          // one of Qh, Ql
-    static constexpr size_t t_bytes = (size_t)BN * LDS * 2;          // one of Kh, Kl, Vh, Vl
-    static constexpr size_t st_bytes = (size_t)BN * HD * 4;          // f32 staging, one of K, V
-    static constexpr size_t smem = 2 * q_bytes + 4 * t_bytes + 2 * st_bytes;
-    static constexpr int CPR = HD / 4;                               // 16-byte chunks per row
-    static constexpr int KV_CPT = BN * CPR / NT;                     // staging chunks per thread
-    static constexpr int Q_CPT = BM * CPR / NT;                      // Q chunks per thread
+    static constexpr int LDS = HD + 8;                      // bf16 per smem row (pad 16 B)
+    static constexpr size_t q_bytes = (size_t)BM * LDS * 2; // one of Qh, Ql
+    static constexpr size_t t_bytes = (size_t)BN * LDS * 2; // one K or V tile buffer
+    static constexpr size_t smem = 2 * q_bytes + 2 * NB * t_bytes;
+    static constexpr int QCPR = HD / 4;                     // Q: 16-byte chunks (4 f32) per row
+    static constexpr int KCPR = HD / 8;                     // K/V: 16-byte chunks (8 bf16) per row
+    static constexpr int KV_CPT = BN * KCPR / NT;           // K/V chunks per thread and tile
+    static constexpr int Q_CPT = BM * QCPR / NT;            // Q chunks per thread
     static_assert(HD % 64 == 0, "head_dim must be a multiple of 64");
-    static_assert((BN * CPR) % NT == 0 && (BM * CPR) % NT == 0, "chunking");
+    static_assert((BN * KCPR) % NT == 0 && (BM * QCPR) % NT == 0, "chunking");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
@@ -77,7 +84,9 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int sr
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Wait until at most N of this thread's newest commit groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -99,13 +108,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// The same with f16 operands.
-__device__ __forceinline__ void mma16816h(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
 
@@ -117,28 +119,11 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t 
     lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-// (a, b) -> packed f16x2 hi and lo = (a, b) - hi.
-__device__ __forceinline__ void split2h(float a, float b, uint32_t &hi, uint32_t &lo) {
-    __half2 h = __floats2half2_rn(a, b);
-    const float2 hf = __half22float2(h);
-    __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-    hi = *reinterpret_cast<uint32_t *>(&h);
-    lo = *reinterpret_cast<uint32_t *>(&l);
-}
-
-// Three-term split product: c += (ah + al)(bh + bl) less al*bl; F16: f16 operands, else bf16.
-template <bool F16>
-__device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t bh0,
-                                     uint32_t bh1, uint32_t bl0, uint32_t bl1) {
-    if (F16) {
-        mma16816h(c, al, bh0, bh1);
-        mma16816h(c, ah, bl0, bl1);
-        mma16816h(c, ah, bh0, bh1);
-    } else {
-        mma16816(c, al, bh0, bh1);
-        mma16816(c, ah, bl0, bl1);
-        mma16816(c, ah, bh0, bh1);
-    }
+// Split A times an exact B: c += (ah + al) b, the small term first.
+__device__ __forceinline__ void mma2(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t b0,
+                                     uint32_t b1) {
+    mma16816(c, al, b0, b1);
+    mma16816(c, ah, b0, b1);
 }
 
 } // namespace lilac_fa
@@ -147,23 +132,19 @@ __device__ __forceinline__ void mma3(float (&c)[4], const uint32_t (&ah)[4], con
 // lilac_fa::geom<HD>::smem bytes of dynamic shared memory.
 template <int HD>
 __global__ void __launch_bounds__(lilac_fa::NT, 1)
-    k_attn_prefill(const float *qg, const float *kc, const float *vc, const int *d_pos, int T, int nh, int nkv,
-                   float *out) {
+    k_attn_prefill(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const int *d_pos, int T, int nh,
+                   int nkv, float *out) {
     namespace fa = lilac_fa;
     using G = fa::geom<HD>;
-    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT;
-    constexpr int LDS = G::LDS, CPR = G::CPR;
+    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT, NB = fa::NB;
+    constexpr int LDS = G::LDS, QCPR = G::QCPR, KCPR = G::KCPR;
     pdl_wait();
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
     uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
-    uint16_t *const Kh = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes);
-    uint16_t *const Kl = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + G::t_bytes);
-    uint16_t *const Vh = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + 2 * G::t_bytes);
-    uint16_t *const Vl = reinterpret_cast<uint16_t *>(fa_smem + 2 * G::q_bytes + 3 * G::t_bytes);
-    float *const Ks = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes);
-    float *const Vs = reinterpret_cast<float *>(fa_smem + 2 * G::q_bytes + 4 * G::t_bytes + G::st_bytes);
+    // K tile buffers [NB][BN][LDS], then V tile buffers [NB][BN][LDS] (bf16, as cached)
+    const uint32_t sKt = fa::smem_u32(fa_smem + 2 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (T + BM - 1) / BM;
@@ -175,63 +156,47 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     const int kv_end = pos + min(q0 + BM, T);
     const int ntiles = (kv_end + BN - 1) / BN;
     const int64_t kvw = (int64_t)nkv * HD;
-    const float *const kbase = kc + (int64_t)kh * HD;
-    const float *const vbase = vc + (int64_t)kh * HD;
+    const __nv_bfloat16 *const kbase = kc + (int64_t)kh * HD;
+    const __nv_bfloat16 *const vbase = vc + (int64_t)kh * HD;
 
-    // Stage tile j (f32) with cp.async: thread tid owns chunks tid + i*NT of K and V.
-    auto issue_tile = [&](int j) {
+    // Tile j of K and V into buffer b with cp.async, one commit group: thread tid copies
+    // chunks tid + i*NT (chunk c: dims [8 (c % KCPR), +8) of key c / KCPR).
+    auto issue_tile = [&](int j, int b) {
 #pragma unroll
         for (int i = 0; i < G::KV_CPT; i++) {
-            const int c = tid + i * NT, key = c / CPR, col = (c % CPR) * 4;
+            const int c = tid + i * NT, key = c / KCPR, col = (c % KCPR) * 8;
             const int kg = j * BN + key;
             const bool ok = kg < kv_end;
             const int64_t off = ok ? (int64_t)kg * kvw + col : 0;
-            fa::cp_async16(fa::smem_u32(Ks + c * 4), kbase + off, ok ? 16 : 0);
-            fa::cp_async16(fa::smem_u32(Vs + c * 4), vbase + off, ok ? 16 : 0);
+            const uint32_t so = 2u * (uint32_t)((b * BN + key) * LDS + col);
+            fa::cp_async16(sKt + so, kbase + off, ok ? 16 : 0);
+            fa::cp_async16(sVt + so, vbase + off, ok ? 16 : 0);
         }
         fa::cp_async_commit();
     };
-    // Convert this thread's own staged chunks into the hi/lo bf16 tiles.
-    auto convert_tile = [&]() {
-#pragma unroll
-        for (int i = 0; i < G::KV_CPT; i++) {
-            const int c = tid + i * NT, key = c / CPR, col = (c % CPR) * 4;
-            const float4 k4 = *reinterpret_cast<const float4 *>(Ks + c * 4);
-            const float4 v4 = *reinterpret_cast<const float4 *>(Vs + c * 4);
-            uint2 hi, lo;
-            fa::split2h(k4.x, k4.y, hi.x, lo.x);
-            fa::split2h(k4.z, k4.w, hi.y, lo.y);
-            *reinterpret_cast<uint2 *>(Kh + key * LDS + col) = hi;
-            *reinterpret_cast<uint2 *>(Kl + key * LDS + col) = lo;
-            fa::split2(v4.x, v4.y, hi.x, lo.x);
-            fa::split2(v4.z, v4.w, hi.y, lo.y);
-            *reinterpret_cast<uint2 *>(Vh + key * LDS + col) = hi;
-            *reinterpret_cast<uint2 *>(Vl + key * LDS + col) = lo;
-        }
-    };
 
-    issue_tile(0);
+    // Two commit groups here and one per tile below, so that tile j's group is
+    // complete when at most the newest one is pending.
+    issue_tile(0, 0);
+    if (ntiles > 1) issue_tile(1, 1);
+    else fa::cp_async_commit();
 
     // Q tile: scaled into the log2 domain, split, into shared memory (rows past T: zero).
     {
         const float qscale = 1.4426950408889634f / sqrtf((float)HD);
 #pragma unroll 8
         for (int i = 0; i < G::Q_CPT; i++) {
-            const int c = tid + i * NT, row = c / CPR, col = (c % CPR) * 4;
+            const int c = tid + i * NT, row = c / QCPR, col = (c % QCPR) * 4;
             const int t = q0 + row;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
             uint2 hi, lo;
-            fa::split2h(v.x * qscale, v.y * qscale, hi.x, lo.x);
-            fa::split2h(v.z * qscale, v.w * qscale, hi.y, lo.y);
+            fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
             *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
     }
-    fa::cp_async_wait_all();
-    convert_tile();
-    __syncthreads();
-    if (ntiles > 1) issue_tile(1);
 
     // Per-lane ldmatrix offsets (elements).
     const int wr = warp * 16;                                                      // warp's first row
@@ -239,8 +204,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8; // B from K rows
     const int v_off = (lane & 15) * LDS + (lane >> 4) * 8;                         // B from V (trans)
     const uint32_t sQh = fa::smem_u32(Qh) + 2u * q_off, sQl = fa::smem_u32(Ql) + 2u * q_off;
-    const uint32_t sKh = fa::smem_u32(Kh) + 2u * k_off, sKl = fa::smem_u32(Kl) + 2u * k_off;
-    const uint32_t sVh = fa::smem_u32(Vh) + 2u * v_off, sVl = fa::smem_u32(Vl) + 2u * v_off;
+    const uint32_t sK = sKt + 2u * k_off, sV = sVt + 2u * v_off;
 
     const int g = lane >> 2, tq = lane & 3;
     const int lim0 = pos + q0 + wr + g, lim1 = lim0 + 8; // last key of rows g, g + 8
@@ -252,6 +216,12 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
     for (int j = 0; j < ntiles; j++) {
+        fa::cp_async_wait<1>(); // this thread's chunks of tile j have landed
+        __syncthreads();        // everyone's (and the Q tile); every warp is done with tile j - 1
+        if (j + 2 < ntiles) issue_tile(j + 2, (j + 2) % NB); // into the buffer tile j - 1 left
+        else fa::cp_async_commit();                           // (an empty group keeps the count)
+        const uint32_t tb = (uint32_t)((j % NB) * G::t_bytes), sKj = sK + tb, sVj = sV + tb;
+
         // ---- S = Q K^T (log2 domain)
         float sa[2][BN / 8][4];
 #pragma unroll
@@ -265,11 +235,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             fa::ldsm_x4(ql, sQl + 2u * (kk * 16));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
-                uint32_t bh[4], bl[4];
-                fa::ldsm_x4(bh, sKh + 2u * (np * 16 * LDS + kk * 16));
-                fa::ldsm_x4(bl, sKl + 2u * (np * 16 * LDS + kk * 16));
-                fa::mma3<true>(sa[kk & 1][2 * np], qh, ql, bh[0], bh[1], bl[0], bl[1]);
-                fa::mma3<true>(sa[kk & 1][2 * np + 1], qh, ql, bh[2], bh[3], bl[2], bl[3]);
+                uint32_t kf[4];
+                fa::ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
+                fa::mma2(sa[kk & 1][2 * np], qh, ql, kf[0], kf[1]);
+                fa::mma2(sa[kk & 1][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
         }
         float s[BN / 8][4];
@@ -335,21 +304,11 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             fa::split2(s[2 * ks + 1][2], s[2 * ks + 1][3], ph[3], pl[3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
-                uint32_t vh[4], vl[4];
-                fa::ldsm_x4_t(vh, sVh + 2u * (ks * 16 * LDS + dp * 16));
-                fa::ldsm_x4_t(vl, sVl + 2u * (ks * 16 * LDS + dp * 16));
-                fa::mma3<false>(o[2 * dp], ph, pl, vh[0], vh[1], vl[0], vl[1]);
-                fa::mma3<false>(o[2 * dp + 1], ph, pl, vh[2], vh[3], vl[2], vl[3]);
+                uint32_t vf[4];
+                fa::ldsm_x4_t(vf, sVj + 2u * (ks * 16 * LDS + dp * 16));
+                fa::mma2(o[2 * dp], ph, pl, vf[0], vf[1]);
+                fa::mma2(o[2 * dp + 1], ph, pl, vf[2], vf[3]);
             }
-        }
-
-        // ---- next tile: staged f32 -> hi/lo bf16 tiles; start the copy of the one after
-        if (j + 1 < ntiles) {
-            fa::cp_async_wait_all();
-            __syncthreads(); // every warp is done with this tile's K/V
-            convert_tile();
-            __syncthreads(); // next tile's K/V ready; staging reads done
-            if (j + 2 < ntiles) issue_tile(j + 2);
         }
     }
 
@@ -378,8 +337,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 }
 
 template <int HD>
-static inline cudaError_t attn_prefill_go(const float *qg, const float *kc, const float *vc, const int *d_pos, int T, int nh,
-                                   int nkv, float *out, cudaStream_t st) {
+static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
+                                          const int *d_pos, int T, int nh, int nkv, float *out, cudaStream_t st) {
     constexpr size_t sm = lilac_fa::geom<HD>::smem;
     // The opt-in above 48 KB, once per device (bit d of the mask).
     static std::atomic<unsigned long long> done{0};
@@ -399,8 +358,8 @@ static inline cudaError_t attn_prefill_go(const float *qg, const float *kc, cons
 
 // Causal gated attention of a prefill chunk of T tokens at position *d_pos (see the
 // top of this file). hd 64, 128 or 256; nh a multiple of nkv. No host synchronisation.
-static inline cudaError_t attn_prefill_launch(const float *qg, const float *kc, const float *vc, const int *d_pos, int T,
-                                       int nh, int nkv, int hd, float *out, cudaStream_t st) {
+static inline cudaError_t attn_prefill_launch(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
+                                              const int *d_pos, int T, int nh, int nkv, int hd, float *out, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
     if (nh <= 0 || nkv <= 0 || nh % nkv) return cudaErrorInvalidValue;
     switch (hd) {

@@ -300,7 +300,10 @@ struct lilac_session {
     int64_t pos, max_seq;
     cudaStream_t st;
     // state
-    std::vector<float *> conv_state, ssm, kc, vc;
+    std::vector<float *> conv_state, ssm;
+    // K (normed, roped) and V cache per attention layer, [max_seq][n_kv_heads][head_dim], in
+    // bf16 as the model keeps it (half the bytes decode attention reads, half the memory)
+    std::vector<__nv_bfloat16 *> kc, vc;
     // scratch (CHUNK rows)
     float *x, *xn, *r, *qkv, *conv_out, *z, *bb, *ba, *beta, *decay, *o;
     float *qg, *kx, *vx, *att, *part;
@@ -344,6 +347,10 @@ struct lilac_session {
     unsigned long long *mk_prof; // LILAC_PROFILE: the timestamps of the next pass
     int mk_grid;
     size_t mk_smem;
+    // route_record: the host table [n_layers][rec_n][top_k] the multi-token passes of a forward() call copy
+    // their top-k into (null: off), its capacity in tokens, and the call's tokens and the chunk's first
+    int32_t *rec;
+    int rec_cap, rec_n, rec_t0;
 };
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
@@ -534,31 +541,34 @@ static int mk_setup(lilac_session *s, lilac_err *err) {
     dlayer *dl;
     unsigned char *isf;
     float **ptrs;
+    __nv_bfloat16 **kvp;
     mk_gemv *dph;
-    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 4 * (size_t)L, err) < 0 ||
-        dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 || dalloc(s, &P.amax_v, (size_t)grid, err) < 0 ||
-        dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
+    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 2 * (size_t)L, err) < 0 ||
+        dalloc(s, &kvp, 2 * (size_t)L, err) < 0 || dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 ||
+        dalloc(s, &P.amax_v, (size_t)grid, err) < 0 || dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
         return -1;
     std::vector<unsigned char> hf((size_t)L);
-    std::vector<float *> hp(4 * (size_t)L);
+    std::vector<float *> hp(2 * (size_t)L);
+    std::vector<__nv_bfloat16 *> hkv(2 * (size_t)L);
     for (int l = 0; l < L; l++) {
         hf[(size_t)l] = c->is_full[l] ? 1 : 0;
         hp[(size_t)l] = s->conv_state[(size_t)l];
         hp[(size_t)(L + l)] = s->ssm[(size_t)l];
-        hp[(size_t)(2 * L + l)] = s->kc[(size_t)l];
-        hp[(size_t)(3 * L + l)] = s->vc[(size_t)l];
+        hkv[(size_t)l] = s->kc[(size_t)l];
+        hkv[(size_t)(L + l)] = s->vc[(size_t)l];
     }
     CK(cudaMemcpy(dl, D->layers.data(), sizeof(dlayer) * (size_t)L, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(isf, hf.data(), (size_t)L, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(ptrs, hp.data(), sizeof(float *) * hp.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(kvp, hkv.data(), sizeof(__nv_bfloat16 *) * hkv.size(), cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dph, ph.data(), sizeof(mk_gemv) * ph.size(), cudaMemcpyHostToDevice));
     CK(cudaMemset(P.bar, 0, sizeof(unsigned) * 256));
     P.L = dl;
     P.is_full = isf;
     P.conv = ptrs;
     P.ssm = ptrs + L;
-    P.kc = ptrs + 2 * L;
-    P.vc = ptrs + 3 * L;
+    P.kc = kvp;
+    P.vc = kvp + L;
     P.ph = dph;
     P.embed = D->embed;
     P.final_norm = D->final_norm;
@@ -1052,6 +1062,11 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                    grouped ? s->counts : nullptr);
     CKL();
+    if (s->rec && T > 1) { // route_record (tests): this layer's [T][K] ids into the chunk's rows of the table
+        static_assert(sizeof(int) == sizeof(int32_t), "topi is copied into an int32_t table");
+        CK(cudaMemcpyAsync(s->rec + ((int64_t)l * s->rec_n + s->rec_t0) * K, s->topi, sizeof(int) * (size_t)slots,
+                           cudaMemcpyDeviceToHost, s->st));
+    }
     if (!grouped) {
         // Few tokens: gather-GEMV over the routed slots, expert ids read on the device.
         const dmat Wg[2] = {d.exp_gate, d.exp_up};
@@ -1293,9 +1308,12 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
     if (s->pos + n > s->max_seq)
         return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
                           (long long)s->max_seq);
+    if (s->rec && n > s->rec_cap) return lilac_fail(err, "forward: %d tokens exceed the routing record's %d", n, s->rec_cap);
+    s->rec_n = n;
     for (int done = 0; done < n;) {
         const int T = std::min(n - done, CHUNK);
         const bool last = done + T == n;
+        s->rec_t0 = done;
         s->h_pinned[0] = (int)(s->pos + done);
         memcpy(s->h_pinned + 1, ids + done, sizeof(int) * (size_t)T);
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
@@ -1528,10 +1546,21 @@ static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int
     return 0;
 }
 
+// Tests only (tests/cuda/test_cuda.c): moe_layer copies each multi-token pass's top-k to the table; the
+// copies are ordered on the session stream, which cuda_forward synchronises after every chunk.
+static void cuda_route_record(lilac_session *s, int32_t *ids, int cap) {
+    s->rec = ids;
+    s->rec_cap = ids ? cap : 0;
+}
+
 extern "C" const lilac_backend lilac_backend_cuda = {
     "cuda", cuda_session_new, cuda_session_free, cuda_session_reset, cuda_session_pos, cuda_forward, cuda_decode_greedy,
     cuda_snapshot, cuda_restore, cuda_snapshot_free, cuda_snapshot_pos, cuda_snapshot_bytes, cuda_forward_batch,
     cuda_sample_begin, cuda_forward_sample, cuda_forward_batch_sample,
+    nullptr, // set_kv_bf16: this backend's cache is always bf16
+    cuda_route_record,
+    nullptr, // route_replay: the CPU reference replays, this backend records
+    nullptr, // route_regret
 };
 
 // ---------------------------------------------------------------- measurements for bench

@@ -60,7 +60,8 @@ struct mk_gemv {
 struct mk_params {
     const dlayer *L;
     const unsigned char *is_full;
-    float *const *conv, *const *ssm, *const *kc, *const *vc; // per layer
+    float *const *conv, *const *ssm;                          // per layer
+    __nv_bfloat16 *const *kc, *const *vc;                     // per layer: the KV cache
     const mk_gemv *ph;                                        // [layers * MK_PH], then the head
     dmat embed;
     const float *final_norm;
@@ -576,9 +577,10 @@ __device__ __noinline__ void mk_norm_rope(const mk_params &P, const float *src, 
 }
 
 // Task (query head h, key split s of S): q and, in the split holding the new
-// position, its k/v (the first query head of each group also stores them in the
-// cache); 8 warps of online softmax; the last split of a head to finish merges
-// the head's partials and applies the output gate.
+// position, its k/v rounded to bf16 as the cache holds them (the first query
+// head of each group also stores them in the cache), so that the new key weighs
+// as in later steps; 8 warps of online softmax; the last split of a head to
+// finish merges the head's partials and applies the output gate.
 template <int DPL>
 __device__ __noinline__ void mk_attn(const mk_params &P, const dlayer &d, int l, int pos, float *sm, float *red) {
     constexpr int hd = DPL * 32, NW = MK_THREADS / 32;
@@ -587,7 +589,7 @@ __device__ __noinline__ void mk_attn(const mk_params &P, const dlayer &d, int l,
     __shared__ int last;
     const int nh = P.nh, S = P.S, grp = nh / P.nkv, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t kvw = (int64_t)P.nkv * hd, n = (int64_t)pos + 1;
-    float *kc = P.kc[l], *vc = P.vc[l];
+    __nv_bfloat16 *kc = P.kc[l], *vc = P.vc[l];
     const float scale = rsqrtf((float)hd);
     for (int task = blockIdx.x; task < nh * S; task += gridDim.x) {
         const int h = task / S, s = task % S, kh = h / grp;
@@ -596,10 +598,13 @@ __device__ __noinline__ void mk_attn(const mk_params &P, const dlayer &d, int l,
         if (s == S - 1) {
             mk_norm_rope(P, P.kx + (int64_t)kh * hd, d.k_norm, tmp, kp, pos, red);
             for (int i = threadIdx.x; i < hd; i += MK_THREADS) {
-                vp[i] = __ldcg(P.vx + (int64_t)kh * hd + i);
+                const __nv_bfloat16 kb = __float2bfloat16_rn(kp[i]);
+                const __nv_bfloat16 vb = __float2bfloat16_rn(__ldcg(P.vx + (int64_t)kh * hd + i));
+                kp[i] = __bfloat162float(kb);
+                vp[i] = __bfloat162float(vb);
                 if (h % grp == 0) {
-                    kc[(int64_t)pos * kvw + (int64_t)kh * hd + i] = kp[i];
-                    vc[(int64_t)pos * kvw + (int64_t)kh * hd + i] = vp[i];
+                    kc[(int64_t)pos * kvw + (int64_t)kh * hd + i] = kb;
+                    vc[(int64_t)pos * kvw + (int64_t)kh * hd + i] = vb;
                 }
             }
             __syncthreads();
@@ -612,9 +617,21 @@ __device__ __noinline__ void mk_attn(const mk_params &P, const dlayer &d, int l,
         }
         float mx = -INFINITY, lsum = 0.0f;
         for (int64_t j = j0 + warp; j < j1; j += NW) {
-            const bool cur = j == pos;
-            const float *kr = cur ? kp + lane * DPL : kc + j * kvw + (int64_t)kh * hd + lane * DPL;
-            const float *vr = cur ? vp + lane * DPL : vc + j * kvw + (int64_t)kh * hd + lane * DPL;
+            float kr[DPL], vr[DPL]; // key j: the new one from shared memory, the others from the cache
+            if (j == pos) {
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    kr[e] = kp[lane * DPL + e];
+                    vr[e] = vp[lane * DPL + e];
+                }
+            } else {
+                const int64_t o = j * kvw + (int64_t)kh * hd + lane * DPL;
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    kr[e] = __bfloat162float(kc[o + e]);
+                    vr[e] = __bfloat162float(vc[o + e]);
+                }
+            }
             float dot = 0.0f;
 #pragma unroll
             for (int e = 0; e < DPL; e++) dot += qr[e] * kr[e];
@@ -712,8 +729,8 @@ __global__ void __launch_bounds__(MK_THREADS, MINB) k_decode(const mk_params *Pg
         if (threadIdx.x < 32) {
             prefetch_gemv(ph + 1);
             if (full) {
-                prefetch_share(P.kc[l], (int64_t)pos * P.nkv * P.hd * 4);
-                prefetch_share(P.vc[l], (int64_t)pos * P.nkv * P.hd * 4);
+                prefetch_share(P.kc[l], (int64_t)pos * P.nkv * P.hd * (int64_t)sizeof(__nv_bfloat16));
+                prefetch_share(P.vc[l], (int64_t)pos * P.nkv * P.hd * (int64_t)sizeof(__nv_bfloat16));
             } else {
                 prefetch_share(P.ssm[l], (int64_t)P.Hv * P.dk * P.dv * 4);
             }

@@ -660,12 +660,18 @@ __global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, i
 
 // ---------------------------------------------------------------- gated attention
 
+// A value into f32, or into the bf16 of the KV cache (round to nearest even).
+__device__ __forceinline__ void put_val(float *d, float v) { *d = v; }
+__device__ __forceinline__ void put_val(__nv_bfloat16 *d, float v) { *d = __float2bfloat16_rn(v); }
+
 // One head row through RMSNorm (gain g) and NeoX RoPE on its first rd dims at
-// position pos, times mul, by one warp: dst may be src (each lane writes only
-// the pair (i, i + rd/2) or the element it read). inv_freq[i] = theta^(-2i/rd)
-// in f32, as the CPU reference computes it once per session.
+// position pos, times mul, by one warp, into dst (f32, or a bf16 cache row):
+// an f32 dst may be src (each lane writes only the pair (i, i + rd/2) or the
+// element it read). inv_freq[i] = theta^(-2i/rd) in f32, as the CPU reference
+// computes it once per session.
+template <typename T>
 __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g, int hd, int rd, int64_t pos,
-                                               const float *inv_freq, float eps, float mul, float *dst) {
+                                               const float *inv_freq, float eps, float mul, T *dst) {
     const int lane = threadIdx.x & 31, half = rd / 2;
     float ss = 0.0f;
     for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
@@ -675,10 +681,10 @@ __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g,
             const float a = src[i] * inv * g[i], b = src[i + half] * inv * g[i + half];
             float sn, cs;
             sincosf((float)pos * inv_freq[i], &sn, &cs);
-            dst[i] = (a * cs - b * sn) * mul;
-            dst[i + half] = (b * cs + a * sn) * mul;
+            put_val(dst + i, (a * cs - b * sn) * mul);
+            put_val(dst + i + half, (b * cs + a * sn) * mul);
         } else if (i >= rd) {
-            dst[i] = src[i] * inv * g[i] * mul;
+            put_val(dst + i, src[i] * inv * g[i] * mul);
         }
     }
 }
@@ -726,10 +732,12 @@ __device__ __forceinline__ void warp_norm_rope_regs(const float (&r)[DPL], const
 }
 
 // q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
-// head h - nh and both k and v into the cache at position pos + t. Grid (T,
-// nh + nkv), one warp each. (One decode token: k_attn_dec does this itself.)
-__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn, float *kc,
-                            float *vc, const int *d_pos, int nh, int nkv, int hd, int rd, const float *inv_freq, float eps) {
+// head h - nh and both k and v into the bf16 cache (rounded to nearest even) at
+// position pos + t. Grid (T, nh + nkv), one warp each. (One decode token:
+// k_attn_dec does this itself.)
+__global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn,
+                            __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv, int hd, int rd,
+                            const float *inv_freq, float eps) {
     pdl_wait();
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     const int64_t p = (int64_t)*d_pos + t, kvw = (int64_t)nkv * hd;
@@ -740,15 +748,16 @@ __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const f
     }
     const int64_t o = (int64_t)(h - nh) * hd;
     warp_norm_rope(kx + t * kvw + o, kn, hd, rd, p, inv_freq, eps, 1.0f, kc + p * kvw + o);
-    for (int i = lane; i < hd; i += 32) vc[p * kvw + o + i] = vx[t * kvw + o + i];
+    for (int i = lane; i < hd; i += 32) vc[p * kvw + o + i] = __float2bfloat16_rn(vx[t * kvw + o + i]);
 }
 
-// Causal attention of token t, head h over keys [0, pos + t], split over
-// gridDim.z key ranges. 4 warps, each an online softmax over its keys; lane
-// holds DPL = hd/32 dims. One split: writes o * sigmoid(gate); several: partials.
+// Causal attention of token t, head h over keys [0, pos + t] of the bf16 cache,
+// split over gridDim.z key ranges. 4 warps, each an online softmax over its
+// keys; lane holds DPL = hd/32 dims. One split: writes o * sigmoid(gate);
+// several: partials.
 template <int DPL>
-__global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, const float *vc, const int *d_pos,
-                                              int nh, int nkv, float *out, float *part) {
+__global__ void __launch_bounds__(128) k_attn(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
+                                              const int *d_pos, int nh, int nkv, float *out, float *part) {
     pdl_wait();
     const int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     const int hd = DPL * 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -766,16 +775,16 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
     float mx = -INFINITY, l = 0.0f;
 #pragma unroll 4
     for (int64_t j = j0 + warp; j < j1; j += 4) {
-        const float *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
+        const __nv_bfloat16 *kr = kc + j * kvw + (int64_t)kh * hd + lane * DPL;
         float dot = 0.0f;
 #pragma unroll
-        for (int d = 0; d < DPL; d++) dot += qr[d] * kr[d];
+        for (int d = 0; d < DPL; d++) dot += qr[d] * __bfloat162float(kr[d]);
         dot = warp_sum(dot);
         const float mn = fmaxf(mx, dot), corr = expf(mx - mn), pj = expf(dot - mn);
         l = l * corr + pj;
-        const float *vr = vc + j * kvw + (int64_t)kh * hd + lane * DPL;
+        const __nv_bfloat16 *vr = vc + j * kvw + (int64_t)kh * hd + lane * DPL;
 #pragma unroll
-        for (int d = 0; d < DPL; d++) acc[d] = acc[d] * corr + pj * vr[d];
+        for (int d = 0; d < DPL; d++) acc[d] = acc[d] * corr + pj * __bfloat162float(vr[d]);
         mx = mn;
     }
     __shared__ float sm[4], sl[4];
@@ -807,43 +816,85 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const float *kc, 
 }
 
 // Decode attention for one query token, GQA-packed: block (kv head kh, split
-// s) serves the G = nh/nkv query heads (G <= 8) that share the KV head, and
-// reads each K and V element of its split from shared memory once for all of
-// them. Keys go 32 at a time through shared memory (cp.async, ADEC_ST
-// buffers). Scores: lane i takes key i, warp w the head dims [w HD/8, (w+1)
-// HD/8) of all G heads (q broadcast from shared memory); the 8 warps' partial
-// dot products meet in shared memory, warp h sums head h's, and keeps its
-// running max and sum. Values: warp w, lane d: output dim w HD/8 + d of every
-// head. (The kernel before took one warp per head: every K and V element was
-// read from shared memory G times, which bounded it at 1.4 TB/s of K/V.)
+// s) serves the G = nh/nkv query heads (G <= 8) that share the KV head and
+// reads each K and V element of its split once. Keys go 32 at a time through
+// shared memory as the cache holds them, bf16 (cp.async, ADEC_ST buffers).
+// Warp w takes keys 4w .. 4w+3 of a tile and lane l the head dims
+// [l DPL, (l+1) DPL) (DPL = HD/32) of every head: q sits in registers, a K or
+// V row is one 16-byte (8-byte) load per lane, and a lane's 32 partial dot
+// products (4 keys x 8 heads) are summed across the warp by a butterfly
+// reduce-scatter (31 shuffles; lane i ends with key i/8, head i%8). Every warp
+// keeps its own online softmax (max and sum per head) and output accumulators
+// (8 heads x DPL dims per lane), so a tile needs no block barrier but the one
+// that recycles its buffer; the 8 warps merge once, at the end, through shared
+// memory. (The kernel before split the dims over the warps with lane = key:
+// three barriers and ~180 shared-memory loads per lane and tile, ~2.2 us a
+// tile at 4k with the data in place; docs/perf.md, run 59.)
 // Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
-// k_attn_combine; an empty split leaves max -inf and sum 0.
+// k_attn_combine; an empty split leaves max -inf, sum 0 and acc 0.
 #define ADEC_TK 32
 #define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 #define ADEC_THREADS 256 // 8 warps, whatever G is
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
+// Dynamic shared memory: the queries (f32 [8][hd]), then bf16: the K tiles
+// ([ADEC_ST][ADEC_TK][hd]), the V tiles (the same) and key p's k and v rows.
+// After the last tile the tiles' memory holds the merge ([8 warps][8 heads][hd] f32).
 __host__ __device__ inline size_t attn_dec_smem(int hd) {
-    return sizeof(float) * ((size_t)10 * hd + (size_t)ADEC_ST * ADEC_TK * (hd + 4) + (size_t)ADEC_ST * ADEC_TK * hd);
+    return sizeof(float) * 8 * (size_t)hd + sizeof(__nv_bfloat16) * (2 * (size_t)ADEC_ST * ADEC_TK * hd + 2 * (size_t)hd);
+}
+static_assert(2 * ADEC_ST * ADEC_TK * 2 >= 8 * 8 * 4, "the merge fits in the tiles' memory");
+// N bf16 at p (16- or 8-byte aligned) as f32; zeros when !ok.
+template <int N>
+__device__ __forceinline__ void ld_bf16(const __nv_bfloat16 *p, float (&f)[N], bool ok) {
+    static_assert(N == 4 || N == 8, "one 8- or 16-byte load");
+    uint32_t w[N / 2];
+    if constexpr (N == 8) {
+        const uint4 r = ok ? *(const uint4 *)p : make_uint4(0u, 0u, 0u, 0u);
+        w[0] = r.x; w[1] = r.y; w[N / 2 - 2] = r.z; w[N / 2 - 1] = r.w;
+    } else {
+        const uint2 r = ok ? *(const uint2 *)p : make_uint2(0u, 0u);
+        w[0] = r.x; w[N / 2 - 1] = r.y;
+    }
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);             // bf16 -> f32 is exact: the high half
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+// One step of a butterfly reduce-scatter over a warp: the first 2 OFF values of
+// every lane become OFF sums, the half that lane & OFF selects (it keeps
+// sv[v + OFF] where the bit is set, sv[v] where not, and adds its partner's).
+template <int OFF>
+__device__ __forceinline__ void warp_rs_step(float (&sv)[32], int lane) {
+    const bool up = lane & OFF;
+#pragma unroll
+    for (int v = 0; v < OFF; v++) {
+        const float send = up ? sv[v] : sv[v + OFF], keep = up ? sv[v + OFF] : sv[v];
+        sv[v] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
 }
 // It also does k_attn_prep's work for its token: every block norms and ropes
 // its G query heads into shared memory (from qg's raw query half), and the
-// last split, the one holding key p, makes p's K/V row in shared memory,
-// stores it to the cache for later steps, and scores it from there after its
-// cached keys [j0, p), which it loads meanwhile.
+// last split, the one holding key p, makes p's K/V row in shared memory (bf16,
+// rounded as the cache holds it), stores it to the cache for later steps, and
+// scores it from there after its cached keys [j0, p), which it loads
+// meanwhile: key p weighs now exactly as it will in later steps.
 template <int DPL>
 __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
-                                                     const float *kn, const float *inv_freq, int rd, float eps, float *kc,
-                                                     float *vc, const int *d_pos, int nh, int nkv, float *part, int S,
-                                                     unsigned long long *prof) {
-    static_assert(DPL % 4 == 0, "float4 chunks per lane");
-    constexpr int HD = DPL * 32, KLD = HD + 4, DW = HD / 8; // DW: head dims per warp
+                                                     const float *kn, const float *inv_freq, int rd, float eps,
+                                                     __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv,
+                                                     float *part, int S, unsigned long long *prof) {
+    static_assert(DPL == 4 || DPL == 8, "a lane's head dims are one 8- or 16-byte load of bf16");
+    constexpr int HD = DPL * 32, KPW = ADEC_TK / 8; // KPW: keys per warp and tile
+    static_assert(KPW == 4, "a lane's 32 partial sums: 4 keys x 8 heads");
     extern __shared__ __align__(16) float asm_[];
-    // per step, double-buffered by its parity (so no barrier is needed after its last reads):
-    __shared__ float sp[2][8][8][ADEC_TK];          // partial scores [warp][head][key]
-    __shared__ __align__(16) float pb[2][ADEC_TK][8]; // probabilities [key][head]
-    __shared__ float corrs[2][8];
-    float *qs = asm_, *ks = qs + 8 * HD, *vs = ks + ADEC_ST * ADEC_TK * KLD, *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
+    __shared__ float kpf[HD];              // key p's k row in f32, before its rounding
+    __shared__ float mls[8][8], lls[8][8]; // every warp's max and sum per head, for the merge
+    float *qs = asm_;
+    __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(qs + 8 * HD), *vs = ks + ADEC_ST * ADEC_TK * HD,
+                  *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
+    float *red = reinterpret_cast<float *>(ks); // after the last tile: [warp][head][HD]
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
     // prof (test_attn's timeline; null in the backend): global time at 5 points per block, prof[i * blocks + block]
@@ -881,11 +932,11 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     auto load = [&](int it, int b) {
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
         const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        for (int i = tid; i < cnt * (HD / 4); i += nthr) {
-            const int r = i / (HD / 4), c4 = i % (HD / 4);
-            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 4 * c4;
-            cp_async16(ks + ((size_t)b * ADEC_TK + r) * KLD + 4 * c4, kc + src, true);
-            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 4 * c4, vc + src, true);
+        for (int i = tid; i < cnt * (HD / 8); i += nthr) { // 16-byte chunks: 8 bf16
+            const int r = i / (HD / 8), c8 = i % (HD / 8);
+            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 8 * c8;
+            cp_async16(ks + ((size_t)b * ADEC_TK + r) * HD + 8 * c8, kc + src, true);
+            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 8 * c8, vc + src, true);
         }
         cp_async_commit();
     };
@@ -899,99 +950,140 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     else cp_async_commit();
     if (warp < G) warp_norm_rope_regs<DPL>(qr, qw, fr, rd, p, eps, rsqrtf((float)HD), qs + warp * HD);
     if (last) {
-        float *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
+        __nv_bfloat16 *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
         if (warp == 0) {
-            warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kp);
+            warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kpf);
             __syncwarp();
-            for (int i = lane; i < HD; i += 32) kd[i] = kp[i];
+            for (int i = lane; i < HD; i += 32) kd[i] = kp[i] = __float2bfloat16_rn(kpf[i]);
         }
 #pragma unroll
         for (int u = 0; u < (HD + ADEC_THREADS - 1) / ADEC_THREADS; u++) {
             const int i = tid + u * ADEC_THREADS;
-            if (i < HD) vd[i] = vp[i] = vr[u];
+            if (i < HD) vd[i] = vp[i] = __float2bfloat16_rn(vr[u]);
         }
     }
-    float m = -INFINITY, l = 0.0f; // head `warp`'s running max and sum (warps < G)
-    float acc[8];                   // output dim warp*DW + lane of each head (lanes < DW)
+    __syncthreads(); // qs, kp and vp visible to every warp
+    mark(1);
+    float q[8][DPL]; // head h's dims lane DPL .. lane DPL + DPL - 1 (heads >= G: 0)
 #pragma unroll
-    for (int h = 0; h < 8; h++) acc[h] = 0.0f;
-    // cnt keys whose K rows start at kb (row stride kld) and V rows at vb (stride HD);
-    // every thread calls it (it has barriers), after a barrier that made them and qs visible;
-    // `par`: which of the two sp/pb/corrs buffers (the step's number, mod 2)
-    auto step = [&](const float *kb, int kld, const float *vb, int cnt, int par) {
-        float d[8];
+    for (int h = 0; h < 8; h++)
 #pragma unroll
-        for (int h = 0; h < 8; h++) d[h] = 0.0f;
-        if (lane < cnt) {
-            const float *kr = kb + (size_t)lane * kld + warp * DW;
+        for (int d = 0; d < DPL; d += 4) {
+            const float4 v = h < G ? *(const float4 *)(qs + h * HD + lane * DPL + d) : make_float4(0, 0, 0, 0);
+            q[h][d] = v.x; q[h][d + 1] = v.y; q[h][d + 2] = v.z; q[h][d + 3] = v.w;
+        }
+    float acc[8][DPL]; // head h's output dims, as q's
 #pragma unroll
-            for (int c = 0; c < DW; c += 4) {
-                const float4 kv = *(const float4 *)(kr + c);
+    for (int h = 0; h < 8; h++)
 #pragma unroll
-                for (int h = 0; h < 8; h++)
-                    if (h < G) {
-                        const float4 qv = *(const float4 *)(qs + h * HD + warp * DW + c); // broadcast
-                        d[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-                    }
+        for (int d = 0; d < DPL; d++) acc[h][d] = 0.0f;
+    float m = -INFINITY, l = 0.0f; // head lane % 8's running max and sum in this warp (lanes h, h+8, h+16, h+24 agree)
+    // cnt keys whose K and V rows (stride HD) start at kb and vb; this warp's are keys 4 warp .. 4 warp + 3
+    auto step = [&](const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int cnt) {
+        float sv[32]; // key kk, head h: sv[8 kk + h], this lane's dims only
+#pragma unroll
+        for (int kk = 0; kk < KPW; kk++) {
+            const int j = warp * KPW + kk;
+            float kf[DPL];
+            ld_bf16<DPL>(kb + (size_t)j * HD + lane * DPL, kf, j < cnt);
+#pragma unroll
+            for (int h = 0; h < 8; h++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int d = 0; d < DPL; d++) a += q[h][d] * kf[d];
+                sv[8 * kk + h] = a;
             }
         }
+        warp_rs_step<16>(sv, lane);
+        warp_rs_step<8>(sv, lane);
+        warp_rs_step<4>(sv, lane);
+        warp_rs_step<2>(sv, lane);
+        warp_rs_step<1>(sv, lane); // sv[0]: key lane / 8, head lane % 8, all dims
+        const bool valid = warp * KPW + (lane >> 3) < cnt && (lane & 7) < G;
+        const float sc = valid ? sv[0] : -INFINITY;
+        float tm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
+        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 16));
+        const float mn = fmaxf(m, tm);
+        const float corr = mn == -INFINITY ? 1.0f : expf(m - mn); // m = -inf before the head's first key: 0
+        const float pe = valid ? expf(sc - mn) : 0.0f;
+        float ps = pe + __shfl_xor_sync(0xffffffffu, pe, 8);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+        l = l * corr + ps;
+        m = mn;
 #pragma unroll
-        for (int h = 0; h < 8; h++) sp[par][warp][h][lane] = d[h];
-        __syncthreads();
-        if (warp < G) { // head `warp`, key `lane`
-            float sc = -INFINITY;
-            if (lane < cnt) {
-                sc = 0.0f;
+        for (int h = 0; h < 8; h++) {
+            const float c = __shfl_sync(0xffffffffu, corr, h);
 #pragma unroll
-                for (int w = 0; w < 8; w++) sc += sp[par][w][warp][lane];
-            }
-            const float mn = fmaxf(m, warp_max(sc)), corr = expf(m - mn); // m = -inf at first: corr 0
-            const float pe = lane < cnt ? expf(sc - mn) : 0.0f;
-            l = l * corr + warp_sum(pe);
-            m = mn;
-            pb[par][lane][warp] = pe;
-            if (lane == 0) corrs[par][warp] = corr;
+            for (int d = 0; d < DPL; d++) acc[h][d] *= c;
         }
-        __syncthreads();
-        if (lane < DW) {
-            const float *vc0 = vb + warp * DW + lane;
 #pragma unroll
-            for (int h = 0; h < 8; h++)
-                if (h < G) acc[h] *= corrs[par][h];
-            for (int j = 0; j < cnt; j++) {
-                const float v = vc0[(size_t)j * HD];
-                const float4 p0 = *(const float4 *)&pb[par][j][0], p1 = *(const float4 *)&pb[par][j][4]; // broadcast
-                acc[0] += p0.x * v; acc[1] += p0.y * v; acc[2] += p0.z * v; acc[3] += p0.w * v;
-                acc[4] += p1.x * v; acc[5] += p1.y * v; acc[6] += p1.z * v; acc[7] += p1.w * v;
+        for (int kk = 0; kk < KPW; kk++) {
+            const int j = warp * KPW + kk;
+            if (j < cnt) { // warp-uniform
+                float vf[DPL];
+                ld_bf16<DPL>(vb + (size_t)j * HD + lane * DPL, vf, true);
+#pragma unroll
+                for (int h = 0; h < 8; h++) {
+                    const float pr = __shfl_sync(0xffffffffu, pe, 8 * kk + h);
+#pragma unroll
+                    for (int d = 0; d < DPL; d++) acc[h][d] += pr * vf[d];
+                }
             }
         }
     };
-    mark(1); // loads issued, q normed and roped
     for (int it = 0; it < ntile; it++) {
         const int b = it % ADEC_ST;
         cp_async_wait<ADEC_ST - 2>(); // all but the newest group: tile it has landed
-        __syncthreads(); // tile it (and qs) visible to every warp, and every warp is done with tile it - 1
+        __syncthreads(); // tile it visible to every warp, and every warp is done with tile it - 1
         if (it == 0) mark(2);
         if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left
         else cp_async_commit();
         const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
         const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        step(ks + (size_t)b * ADEC_TK * KLD, KLD, vs + (size_t)b * ADEC_TK * HD, cnt, it & 1);
+        step(ks + (size_t)b * ADEC_TK * HD, vs + (size_t)b * ADEC_TK * HD, cnt);
     }
     cp_async_wait<0>();
     mark(3);
-    if (last) { // key p, from shared memory
-        __syncthreads(); // kp, vp (and qs, when there was no tile); the last tile's step done
-        step(kp, KLD, vp, 1, ntile & 1);
+    if (last) step(kp, vp, 1); // key p, from shared memory (warp 0's)
+    // merge the warps: weights exp(m_w - M) per head, the weighted accumulators summed through shared memory
+    __syncthreads(); // every warp is done with the tiles: their memory becomes red
+    if (lane < 8) {
+        mls[warp][lane] = m;
+        lls[warp][lane] = l;
     }
-    // acc of heads past G holds garbage (pb's columns past G are never written) and is not stored
+    __syncthreads();
 #pragma unroll
-    for (int h = 0; h < 8; h++)
-        if (h < G && lane < DW) part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + warp * DW + lane] = acc[h];
-    if (warp < G && lane == 0) {
-        float *pp = part + ((int64_t)(kh * G + warp) * S + s) * (HD + 2);
-        pp[HD] = m;
-        pp[HD + 1] = l;
+    for (int h = 0; h < 8; h++) {
+        if (h >= G) break;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < 8; w++) M = fmaxf(M, mls[w][h]);
+        const float mw = mls[warp][h], wt = mw == -INFINITY ? 0.0f : expf(mw - M);
+#pragma unroll
+        for (int d = 0; d < DPL; d += 4)
+            *(float4 *)(red + ((size_t)warp * 8 + h) * HD + lane * DPL + d) =
+                make_float4(acc[h][d] * wt, acc[h][d + 1] * wt, acc[h][d + 2] * wt, acc[h][d + 3] * wt);
+    }
+    __syncthreads();
+    for (int i = tid; i < G * HD; i += nthr) {
+        const int h = i / HD, d = i % HD;
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) a += red[((size_t)w * 8 + h) * HD + d];
+        part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + d] = a;
+    }
+    if (tid < G) {
+        float M = -INFINITY, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 8; w++) M = fmaxf(M, mls[w][tid]);
+#pragma unroll
+        for (int w = 0; w < 8; w++) {
+            const float mw = mls[w][tid];
+            L += mw == -INFINITY ? 0.0f : lls[w][tid] * expf(mw - M);
+        }
+        float *pp = part + ((int64_t)(kh * G + tid) * S + s) * (HD + 2);
+        pp[HD] = M;
+        pp[HD + 1] = L;
     }
     mark(4);
 }
