@@ -104,12 +104,12 @@ int cmd_info(int argc, char **argv) {
 
 int cmd_logits(int argc, char **argv) {
     model_opts o = {0};
-    const char *ids_s = NULL, *out = NULL;
+    const char *ids_s = NULL, *out = NULL, *routes = NULL;
     for (int i = 1; i < argc; i++)
         if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
-            !opt_str(argc, argv, &i, "--out", &out))
+            !opt_str(argc, argv, &i, "--out", &out) && !opt_str(argc, argv, &i, "--routes", &routes))
             opt_unknown("logits", argv[i]);
-    if (!ids_s || !out) lilac_die("usage: lilac logits --model DIR --ids 1,2,3 --out FILE.npy");
+    if (!ids_s || !out) lilac_die("usage: lilac logits --model DIR --ids 1,2,3 --out FILE.npy [--routes FILE.npy]");
     lilac_err err = {{0}};
     int32_t *ids;
     int n = lilac_parse_ids(ids_s, &ids, &err);
@@ -120,9 +120,24 @@ int cmd_logits(int argc, char **argv) {
     lilac_session *s = be->session_new(&m, n, (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
     float *logits = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.vocab);
+    /* --routes: the experts each layer picked for each token, [n_layers][n][top_k] int32 (-1 where the
+     * backend did not record), so that an outside oracle can replay this run's routing
+     * (tools/device/hf_full.py): a near-tie broken the other way then does not hide the arithmetic. */
+    int32_t *rt = NULL;
+    const int64_t rt_shape[3] = {m.cfg.n_layers, n, m.cfg.top_k};
+    if (routes) {
+        if (!be->route_record) lilac_die("logits: --routes: the %s backend cannot record its routing", be->name);
+        const size_t len = (size_t)rt_shape[0] * (size_t)rt_shape[1] * (size_t)rt_shape[2];
+        rt = xmalloc(sizeof(int32_t) * len);
+        for (size_t i = 0; i < len; i++) rt[i] = -1;
+        be->route_record(s, rt, n);
+    }
     if (be->forward(s, ids, n, LOGITS_ALL, logits, &err) < 0) lilac_die("%s", err.msg);
+    if (rt) be->route_record(s, NULL, 0);
     int64_t shape[2] = {n, m.cfg.vocab};
     if (npy_write(out, "<f4", logits, 2, shape, &err) < 0) lilac_die("%s", err.msg);
+    if (rt && npy_write(routes, "<i4", rt, 3, rt_shape, &err) < 0) lilac_die("%s", err.msg);
+    free(rt);
     free(logits);
     free(ids);
     be->session_free(s);

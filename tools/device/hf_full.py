@@ -40,6 +40,14 @@ over positions of max|dlogit| / max|logit|, plus HF router near-ties (token-laye
 k-th and (k+1)-th router logits are closer than 1e-3, where a rounding difference can pick a
 different expert). Prints one PASS/FAIL line; exit status 1 on FAIL.
 
+Routing replay (default; --no-replay turns it off): `lilac logits --routes` also writes the
+experts lilac picked for every token and layer, and HF runs a second forward with each MoE
+layer routed to those experts, weighted by HF's own router probabilities (renormalised over
+the picks). The pass/fail figures are this forward's, and every pick must be within a regret
+of 1e-3 of HF's own k-th best probability: a real routing error still fails, a near-tie that
+f32 rounding broke the other way (random synth routers have gaps of 1e-5) does not send the
+rest of the sequence elsewhere. The own-routing figures are printed beside them.
+
 The faithful configuration (default, --dtype float32): every non-expert parameter in f32,
 dequantised exactly (s*q is exact in f32, one rounding when b is added: the same value lilac
 computes), activations f32 with TF32 disabled -- lilac's CPU reference numerics. The routed
@@ -452,6 +460,15 @@ def nll(logits, ids):
     return lse - x[np.arange(len(ids) - 1), ids[1:]]
 
 
+def compare(got, ref, ids_np):
+    """lilac's logits against HF's: top-1 agreement, perplexity of ids under each, max |dlogit|/max|logit|."""
+    rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
+    ppl_hf, ppl_li = float(np.exp(nll(ref, ids_np).mean())), float(np.exp(nll(got, ids_np).mean()))
+    return {"ref": ref, "top1": float((got.argmax(1) == ref.argmax(1)).mean()), "rel": rel, "max_rel": float(rel.max()),
+            "ppl_hf": ppl_hf, "ppl_li": ppl_li, "ppl_rel": abs(ppl_hf / ppl_li - 1),
+            "dis": np.nonzero(got.argmax(1) != ref.argmax(1))[0]}
+
+
 def check(a):
     setup_numerics()
     ck_cfg = json.load(open(os.path.join(a.model, "config.json")))
@@ -470,10 +487,11 @@ def check(a):
         ids = prompt + gen
     t1 = time.time()
     with tempfile.TemporaryDirectory() as td:
-        f = os.path.join(td, "lilac_logits.npy")
+        f, fr = os.path.join(td, "lilac_logits.npy"), os.path.join(td, "lilac_routes.npy")
         run_lilac([a.lilac, "logits", "--model", a.model, "--backend", a.backend, "--ids", ",".join(map(str, ids)),
-                   "--out", f], "logits")
+                   "--out", f] + (["--routes", fr] if a.replay else []), "logits")
         got = np.load(f)
+        routes = np.load(fr) if a.replay else None  # [layer][token][k] experts lilac picked, -1: not recorded
     t2 = time.time()
     log(f"lilac ({a.backend}): sequence {t1 - t0:.1f}s, logits {t2 - t1:.1f}s")
 
@@ -499,19 +517,62 @@ def check(a):
     for h in hooks:
         h.remove()
     log(f"HF forward of {a.n} tokens: {t4 - t3:.1f}s")
-
     ids_np = np.array(ids)
-    top1 = float((got.argmax(1) == ref.argmax(1)).mean())
-    rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
-    n_hf, n_li = nll(ref, ids_np), nll(got, ids_np)
-    ppl_hf, ppl_li = float(np.exp(n_hf.mean())), float(np.exp(n_li.mean()))
-    ppl_rel = abs(ppl_hf / ppl_li - 1)
+    own = compare(got, ref, ids_np)
+
+    # Routing replay: HF runs again with each MoE layer routed to the experts lilac picked, weighted by HF's own
+    # router probabilities there (renormalised over the picks, as HF does over its own top-k). Random synth
+    # routers have near-ties (HF's k-th and (k+1)-th probability equal to 1e-5 and closer) that rounding breaks
+    # either way; one flipped expert then moves every later position through the recurrent state, so the
+    # own-routing figures measure coin flips as much as arithmetic. Replayed, the check compares the
+    # arithmetic; the regret (p(HF's own k-th) - min p(lilac's picks)) / p(HF's own k-th), by HF's numbers,
+    # says whether lilac's picks were near-ties rather than routing mistakes.
+    rep = None
+    if routes is not None:
+        k = tc.num_experts_per_tok
+        st_rep = {"rows": 0, "differ": 0, "regret": 0.0}
+
+        def replay_hook(li):
+            def hook(_mod, _inp, out):
+                lg, wts, idx = out[0], out[1], out[2]  # HF's router: (logits, top-k weights, top-k ids)
+                r = torch.as_tensor(routes[li], device=lg.device, dtype=torch.long)
+                have = (r[:, 0] >= 0)
+                if r.shape[0] != lg.shape[0] or not bool(have.any()):
+                    return out
+                p = torch.softmax(lg.float(), dim=-1)  # as HF's router: softmax in f32, top-k, renormalise
+                new_idx = torch.where(have[:, None], r.clamp(min=0), idx.long())
+                picked = p.gather(1, new_idx)
+                kth = torch.topk(p, k, dim=-1).values[:, -1]
+                reg = torch.clamp((kth - picked.min(1).values) / kth, min=0)[have]
+                same = (torch.sort(new_idx, 1).values == torch.sort(idx.long(), 1).values).all(1)
+                st_rep["rows"] += int(have.sum())
+                st_rep["differ"] += int((~same & have).sum())
+                st_rep["regret"] = max(st_rep["regret"], float(reg.max()) if reg.numel() else 0.0)
+                w = (picked / picked.sum(-1, keepdim=True)).to(wts.dtype)
+                return (lg, w, new_idx.to(idx.dtype))
+            return hook
+
+        hooks = [layer.mlp.gate.register_forward_hook(replay_hook(li)) for li, layer in enumerate(model.model.layers)]
+        t5 = time.time()
+        with torch.inference_mode():
+            ref_rep = model(torch.tensor([ids], device=a.device), use_cache=False).logits[0].float().cpu().numpy()
+        sync(a.device)
+        for h in hooks:
+            h.remove()
+        log(f"HF forward of {a.n} tokens with lilac's routing replayed: {time.time() - t5:.1f}s")
+        rep = compare(got, ref_rep, ids_np)
+        rep.update({"routed_rows": st_rep["rows"], "rows_not_hf_top_k": st_rep["differ"],
+                    "worst_regret": st_rep["regret"]})
+    main_ = rep if rep is not None else own
+    top1, rel, ppl_hf, ppl_li, ppl_rel, dis = (main_[x] for x in ("top1", "rel", "ppl_hf", "ppl_li", "ppl_rel", "dis"))
+    ref = main_["ref"]
     g = torch.cat(gaps).numpy() if gaps else np.zeros(0)
     gen_from = P - 1 if a.seq == "gen" and P < a.n else a.n
     greedy_lilac = float((got[gen_from:-1].argmax(1) == ids_np[gen_from + 1:]).mean()) if gen_from < a.n - 1 else None
     greedy_hf = float((ref[gen_from:-1].argmax(1) == ids_np[gen_from + 1:]).mean()) if gen_from < a.n - 1 else None
     ok = top1 >= 0.99 and ppl_rel <= 0.01 and bool(np.isfinite(ref).all())
-    dis = np.nonzero(got.argmax(1) != ref.argmax(1))[0]
+    if rep is not None:
+        ok = ok and rep["routed_rows"] == len(model.model.layers) * a.n and rep["worst_regret"] <= 1e-3
 
     def gap2(row):
         top = np.partition(row, -2)[-2:]
@@ -531,6 +592,9 @@ def check(a):
         "max_rel_logit_err": float(rel.max()), "max_rel_logit_err_pos": int(rel.argmax()),
         "median_rel_logit_err": float(np.median(rel)),
         "greedy_agreement_lilac": greedy_lilac, "greedy_agreement_hf": greedy_hf,
+        "routing": "replayed (lilac's experts, HF's weights)" if rep is not None else "own",
+        "own_routing": {x: own[x] for x in ("top1", "ppl_rel", "max_rel")},
+        "replay": {x: rep[x] for x in ("routed_rows", "rows_not_hf_top_k", "worst_regret")} if rep is not None else None,
         "router_token_layers": int(g.size), "router_kth_gap_min": float(g.min()) if g.size else None,
         "router_kth_gap_lt_1e-3": int((g < 1e-3).sum()), "router_kth_gap_lt_1e-2": int((g < 1e-2).sum()),
         "hf_weight_bytes": st["weight_bytes"],
@@ -548,13 +612,19 @@ def check(a):
     mem = f", HF peak {res['peak_allocated_bytes'] / 1e9:.1f} GB" if "peak_allocated_bytes" in res else ""
     print(f"hf_full check {a.model}: {a.n} positions ({a.seq}), HF transformers {transformers.__version__} "
           f"({a.device}, {a.dtype}, experts {st['experts_implementation']}) vs lilac --backend {a.backend}{mem}")
+    print(f"  HF with its own routing: top-1 {own['top1']:.4f}, perplexity {own['ppl_rel']:.2e} apart, max |dlogit|/max|logit| "
+          f"{own['max_rel']:.2e}")
+    if rep is not None:
+        print(f"  HF with lilac's routing replayed ({rep['routed_rows']} token-layers): {rep['rows_not_hf_top_k']} not HF's own "
+              f"top-{tc.num_experts_per_tok}, worst regret {rep['worst_regret']:.2e} (<= 1e-3); the figures below")
     print(f"  top-1 agreement {top1:.4f} ({len(dis)} of {a.n} differ)"
           + (f"; lilac's greedy tokens are HF's argmax at {greedy_hf:.4f} of generated positions" if greedy_hf is not None else ""))
     print(f"  perplexity HF {ppl_hf:.4f}, lilac {ppl_li:.4f}, relative difference {ppl_rel:.2e}")
     print(f"  max |dlogit|/max|logit| {rel.max():.2e} (position {rel.argmax()}), median {np.median(rel):.2e}")
     print(f"  HF router: {res['router_kth_gap_lt_1e-3']} of {g.size} token-layers with the k-th/(k+1)-th logit gap "
           f"< 1e-3 (min {res['router_kth_gap_min']:.2e})" if g.size else "  HF router: no MoE layers")
-    print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.4f} (>= 0.99), perplexity within {ppl_rel:.2%} (<= 1%)")
+    print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.4f} (>= 0.99), perplexity within {ppl_rel:.2%} (<= 1%)"
+          + (f", routing regret {rep['worst_regret']:.2e} (<= 1e-3)" if rep is not None else ""))
     print("1 passed, 0 failed" if ok else "0 passed, 1 failed")
     return 0 if ok else 1
 
@@ -654,6 +724,9 @@ def main():
     ap.add_argument("--seq", choices=["gen", "hash"], default="gen")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--save", help="--check: also save ids and both logits (.npy) in this directory")
+    ap.add_argument("--no-replay", dest="replay", action="store_false",
+                    help="--check: judge HF with its own routing only (default: also with lilac's routing replayed, "
+                         "which decides)")
     # --bench
     ap.add_argument("--prompt-lens", default="256,1024,4096")
     ap.add_argument("--decode-steps", type=int, default=64)
