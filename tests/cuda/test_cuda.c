@@ -113,8 +113,10 @@ static int forward_pair(const int32_t *ids, int n, lilac_logits_mode mode, float
     return replayed;
 }
 
-/* Replayed routing must be a near-tie for the CPU: a wrong GPU top-k is far from one. */
-static const double REGRET_MAX = 1e-3;
+/* Replayed routing must be a near-tie for the CPU: a wrong GPU top-k is far from one. Measured (run 66, the
+ * full-size synth, bf16 KV cache): up to 1.07e-3 against the CPU reference, 3.7e-3 against HF in f32 (whose
+ * cache is f32); a deliberately wrong pick per token gave 0.99 (tools/device/hf_full.py on the CPU). */
+static const double REGRET_MAX = 1e-2;
 
 static void check_prefill_len(int n) {
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)n);

@@ -44,7 +44,7 @@ Routing replay (default; --no-replay turns it off): `lilac logits --routes` also
 experts lilac picked for every token and layer, and HF runs a second forward with each MoE
 layer routed to those experts, weighted by HF's own router probabilities (renormalised over
 the picks). The pass/fail figures are this forward's, and every pick must be within a regret
-of 1e-3 of HF's own k-th best probability: a real routing error still fails, a near-tie that
+of 1e-2 of HF's own k-th best probability: a real routing error still fails, a near-tie that
 f32 rounding broke the other way (random synth routers have gaps of 1e-5) does not send the
 rest of the sequence elsewhere. The own-routing figures are printed beside them.
 
@@ -460,6 +460,11 @@ def nll(logits, ids):
     return lse - x[np.arange(len(ids) - 1), ids[1:]]
 
 
+# The largest regret a replayed pick may have. Measured on the full-size synth (run 66): 3.7e-3 (lilac's KV cache
+# is bf16, HF's here f32); a deliberately wrong pick per token: 0.99.
+REGRET_MAX = 1e-2
+
+
 def compare(got, ref, ids_np):
     """lilac's logits against HF's: top-1 agreement, perplexity of ids under each, max |dlogit|/max|logit|."""
     rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
@@ -572,7 +577,7 @@ def check(a):
     greedy_hf = float((ref[gen_from:-1].argmax(1) == ids_np[gen_from + 1:]).mean()) if gen_from < a.n - 1 else None
     ok = top1 >= 0.99 and ppl_rel <= 0.01 and bool(np.isfinite(ref).all())
     if rep is not None:
-        ok = ok and rep["routed_rows"] == len(model.model.layers) * a.n and rep["worst_regret"] <= 1e-3
+        ok = ok and rep["routed_rows"] == len(model.model.layers) * a.n and rep["worst_regret"] <= REGRET_MAX
 
     def gap2(row):
         top = np.partition(row, -2)[-2:]
@@ -616,7 +621,7 @@ def check(a):
           f"{own['max_rel']:.2e}")
     if rep is not None:
         print(f"  HF with lilac's routing replayed ({rep['routed_rows']} token-layers): {rep['rows_not_hf_top_k']} not HF's own "
-              f"top-{tc.num_experts_per_tok}, worst regret {rep['worst_regret']:.2e} (<= 1e-3); the figures below")
+              f"top-{tc.num_experts_per_tok}, worst regret {rep['worst_regret']:.2e} (<= {REGRET_MAX:g}); the figures below")
     print(f"  top-1 agreement {top1:.4f} ({len(dis)} of {a.n} differ)"
           + (f"; lilac's greedy tokens are HF's argmax at {greedy_hf:.4f} of generated positions" if greedy_hf is not None else ""))
     print(f"  perplexity HF {ppl_hf:.4f}, lilac {ppl_li:.4f}, relative difference {ppl_rel:.2e}")
@@ -624,7 +629,7 @@ def check(a):
     print(f"  HF router: {res['router_kth_gap_lt_1e-3']} of {g.size} token-layers with the k-th/(k+1)-th logit gap "
           f"< 1e-3 (min {res['router_kth_gap_min']:.2e})" if g.size else "  HF router: no MoE layers")
     print(f"{'PASS' if ok else 'FAIL'}: top-1 {top1:.4f} (>= 0.99), perplexity within {ppl_rel:.2%} (<= 1%)"
-          + (f", routing regret {rep['worst_regret']:.2e} (<= 1e-3)" if rep is not None else ""))
+          + (f", routing regret {rep['worst_regret']:.2e} (<= {REGRET_MAX:g})" if rep is not None else ""))
     print("1 passed, 0 failed" if ok else "0 passed, 1 failed")
     return 0 if ok else 1
 
