@@ -28,14 +28,6 @@
 #endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_MATS 4
-// Experiment (-DG4_ONE_MMA): the activations as one bf16 part (xh), one MMA per product, as MLX and HF run
-// the model in bf16; xl is neither loaded nor multiplied. Half the tensor work and activation traffic of the
-// GEMM, ~1e-3 relative error in place of ~1e-5.
-#ifdef G4_ONE_MMA
-#define G4_XPARTS 1
-#else
-#define G4_XPARTS 2
-#endif
 
 // u32 words per code row in shared memory: 8 (4-bit) or 16 (8-bit) used, padded
 // so that the 8 rows a fragment load touches fall in distinct banks.
@@ -197,7 +189,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
             }
         }
 #pragma unroll
-        for (int i = 0; i < 2 * G4_XPARTS; i++) {
+        for (int i = 0; i < 4; i++) {
             const int c = tid + i * 256, part = c >> 9, cc = c & 511, n = cc >> 3, ch = cc & 7;
             const int xr = xrow[n];
             const __nv_bfloat16 *base_p = part ? xl : xh;
@@ -297,14 +289,13 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
             for (int np = 0; np < 2; np++) {
                 const int n = wn + np * 16 + (lane & 7) + ((lane >> 4) << 3), k = ks * 16 + (((lane >> 3) & 1) << 3);
                 ldmatrix_x4(bh[2 * np][0], bh[2 * np][1], bh[2 * np + 1][0], bh[2 * np + 1][1], &S.xh[n * G4_XLD + k]);
-                if (G4_XPARTS == 2)
-                    ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
+                ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
             }
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
-                    if (G4_XPARTS == 2) mma_bf16(p[mt][nt], af[mt], bl[nt][0], bl[nt][1]);
+                    mma_bf16(p[mt][nt], af[mt], bl[nt][0], bl[nt][1]);
                     mma_bf16(p[mt][nt], af[mt], bh[nt][0], bh[nt][1]);
                 }
         }
