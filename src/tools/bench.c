@@ -121,8 +121,8 @@ int cmd_bench(int argc, char **argv) {
                         "\"copy_bandwidth_gbs\": %.1f, \"results\": [", be->name, model, steps, rounds, bw / 1e9);
     printf("backend %s, %ld rounds, %ld decode steps%s\n", be->name, rounds, steps, bw > 0 ? "" : " (no bandwidth ceiling measured)");
     if (bw > 0) printf("device copy bandwidth (read+write) measured: %.0f GB/s\n", bw / 1e9);
-    printf("%8s %11s %7s %11s %7s %9s %9s %18s\n", "context", "prefill/s", "spread", "decode/s", "spread", "dec %bw",
-           "pre TF/s", "digest");
+    printf("%8s %11s %7s %9s %11s %7s %9s %9s %18s\n", "context", "prefill/s", "spread", "TTFT ms", "decode/s", "spread",
+           "dec %bw", "pre TF/s", "digest");
 
     float *logits = xmalloc(sizeof(float) * (size_t)V);
     collect col = {.cap = (int)steps, .ids = xmalloc(sizeof(int32_t) * (size_t)steps)};
@@ -159,14 +159,18 @@ int cmd_bench(int argc, char **argv) {
         double bytes, flops;
         per_token_cost(&m, L, &bytes, &flops);
         double frac_bw = bw > 0 ? md * bytes / (bw / 2.0) : 0; /* copy counts read+write: one-way = bw/2 */
-        printf("%8d %11.1f %6.1f%% %11.2f %6.1f%% %8.1f%% %9.1f %016llx%s\n", L, mp, 100 * sp_pre, md, 100 * sp_dec,
-               100 * frac_bw, mp * flops / 1e12, (unsigned long long)digest, digest_stable ? "" : " (UNSTABLE)");
+        /* time to first token: the prompt's forward, its last logits on the host and their argmax (what a
+         * client waits for before the first token, less tokenizing and HTTP) */
+        const double ttft_ms = 1e3 * L / mp;
+        printf("%8d %11.1f %6.1f%% %9.2f %11.2f %6.1f%% %8.1f%% %9.1f %016llx%s\n", L, mp, 100 * sp_pre, ttft_ms, md,
+               100 * sp_dec, 100 * frac_bw, mp * flops / 1e12, (unsigned long long)digest, digest_stable ? "" : " (UNSTABLE)");
         if (js)
-            fprintf(js, "%s{\"prompt_len\": %d, \"prefill_tok_s\": %.2f, \"prefill_spread\": %.4f, \"decode_tok_s\": %.3f, "
+            fprintf(js, "%s{\"prompt_len\": %d, \"prefill_tok_s\": %.2f, \"prefill_spread\": %.4f, \"ttft_ms\": %.3f, "
+                        "\"decode_tok_s\": %.3f, "
                         "\"decode_spread\": %.4f, \"decode_bytes_per_token\": %.0f, \"decode_bw_fraction\": %.4f, "
                         "\"prefill_flops_per_token\": %.0f, \"prefill_tflops\": %.2f, \"token_digest\": \"%016llx\", "
                         "\"digest_stable\": %s}",
-                    li ? ", " : "", L, mp, sp_pre, md, sp_dec, bytes, frac_bw, flops, mp * flops / 1e12,
+                    li ? ", " : "", L, mp, sp_pre, ttft_ms, md, sp_dec, bytes, frac_bw, flops, mp * flops / 1e12,
                     (unsigned long long)digest, digest_stable ? "true" : "false");
         free(ids);
     }

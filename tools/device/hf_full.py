@@ -655,7 +655,7 @@ def bench(a):
           f"{st['experts_implementation']}, attention {st['attn_implementation']}), {a.rounds} rounds, "
           f"{a.decode_steps} decode steps")
     print("Gated DeltaNet path: " + ", ".join(f"{k} = {v}" for k, v in paths.items()))
-    print("%8s %11s %7s %11s %7s %18s" % ("context", "prefill/s", "spread", "decode/s", "spread", "digest"))
+    print("%8s %11s %7s %9s %11s %7s %18s" % ("context", "prefill/s", "spread", "TTFT ms", "decode/s", "spread", "digest"))
     results = []
     for L in lens:
         ids = torch.tensor([synth_ids(L, V)], device=dev)
@@ -692,9 +692,11 @@ def bench(a):
 
         mp, md = statistics.median(pre), statistics.median(dec)
         stable = len(set(digests)) == 1
-        print("%8d %11.1f %6.1f%% %11.2f %6.1f%% %016x%s" % (L, mp, 100 * spread(pre), md, 100 * spread(dec),
-                                                             digests[-1], "" if stable else " (UNSTABLE)"), flush=True)
+        print("%8d %11.1f %6.1f%% %9.2f %11.2f %6.1f%% %016x%s" % (L, mp, 100 * spread(pre), 1e3 * L / mp, md,
+                                                                  100 * spread(dec), digests[-1],
+                                                                  "" if stable else " (UNSTABLE)"), flush=True)
         results.append({"prompt_len": L, "prefill_tok_s": round(mp, 2), "prefill_spread": round(spread(pre), 4),
+                        "ttft_ms": round(1e3 * L / mp, 3),
                         "decode_tok_s": round(md, 3), "decode_spread": round(spread(dec), 4),
                         "token_digest": "%016x" % digests[-1], "digest_stable": stable})
     ms = mem_stats(dev)
