@@ -6,7 +6,8 @@
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
 #   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
-#       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck)
+#       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck; AB_TESTS=1: the second build's
+#       test_matmul and its 4-layer and full-size whole-model checks, for a change of numerics)
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
 #          left out in turn (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
@@ -97,7 +98,8 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
 fi
 if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $AB_FLAGS (nvcc), decode side by side
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn > "$LOGS/build.log" 2>&1 &
-    make -j"$NPROC" WERROR= BUILD=build-ab NVEXTRA="${AB_FLAGS:-}" build-ab/lilac > "$LOGS/build-ab.log" 2>&1 &
+    make -j"$NPROC" WERROR= BUILD=build-ab NVEXTRA="${AB_FLAGS:-}" build-ab/lilac \
+        ${AB_TESTS:+build-ab/cuda-tests/test_cuda build-ab/cuda-tests/test_matmul} > "$LOGS/build-ab.log" 2>&1 &
     wait
     [ -x build/lilac ] && [ -x build-ab/lilac ] || { tail -20 "$LOGS/build.log" "$LOGS/build-ab.log"; exit 1; }
     rc=0
@@ -118,6 +120,12 @@ if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $A
     fi
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
+    if [ -n "${AB_TESTS:-}" ]; then  # the second build's numerics: the GEMV/GEMM test, 4-layer and full-size models
+        ./build-ab/cuda-tests/test_matmul --quick > "$OUT/ab-test_matmul.log" 2>&1 || rc=1
+        ./build-ab/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/ab-test-real-dims.log" 2>&1 || rc=1
+        ./build-ab/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/ab-test-full-size.log" 2>&1 || rc=1
+        grep -h -E "FAIL|CHECK|passed, .* failed|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/ab-test*.log | cut -c1-160
+    fi
     for b in build build-ab build build-ab; do
         for v in ${AB_ENVS:-X=0}; do
             echo "$b $v"
