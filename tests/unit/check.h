@@ -2,6 +2,8 @@
  * runs a function, check_summary() prints "N passed, N failed" for tests/run.sh. */
 #ifndef LILAC_CHECK_H
 #define LILAC_CHECK_H
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +27,21 @@ static int check_pass_, check_fail_, check_cur_failed_;
 #define TEST(fn) do { check_cur_failed_ = 0; fn(); \
     if (check_cur_failed_) { check_fail_++; printf("FAIL %s\n", #fn); } \
     else { check_pass_++; printf("ok   %s\n", #fn); } fflush(stdout); } while (0)
+
+/* Deterministic token ids for whole-model tests: n ids below vocab, one sequence per seed. */
+static inline void check_ids(int32_t *ids, int n, int seed, uint32_t vocab) {
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((uint32_t)(i + 7 * seed) * 2654435761u >> 9) % vocab);
+}
+
+/* max|a - b| / max|b| over n values. */
+static inline double check_max_rel(const float *a, const float *b, int64_t n) {
+    double mx = 0, md = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mx = fmax(mx, fabs(b[i]));
+        md = fmax(md, fabs((double)a[i] - b[i]));
+    }
+    return md / (mx + 1e-30);
+}
 
 static inline int check_summary(void) {
     printf("%d passed, %d failed\n", check_pass_, check_fail_);

@@ -18,19 +18,6 @@ static const lilac_backend *B;
 
 enum { N = 600 }; /* more than the CPU backend's 512-row chunk: the table's rows continue across chunks */
 
-static void ids_for(int32_t *ids, int n, int seed) {
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((uint32_t)(i + 7 * seed) * 2654435761u >> 9) % (uint32_t)M.cfg.vocab);
-}
-
-static double max_rel(const float *a, const float *b, int64_t n) {
-    double mx = 0, md = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(b[i]));
-        md = fmax(md, fabs((double)a[i] - b[i]));
-    }
-    return md / (mx + 1e-30);
-}
-
 static int64_t table_len(int n) { return (int64_t)M.cfg.n_layers * n * M.cfg.top_k; }
 
 /* Plain forward of ids (fresh session) into logits [n, V]. */
@@ -44,7 +31,7 @@ static void test_record_then_replay_own(void) {
     lilac_err err = {{0}};
     const int64_t V = M.cfg.vocab, L = table_len(N);
     int32_t ids[N];
-    ids_for(ids, N, 1);
+    check_ids(ids, N, 1, (uint32_t)M.cfg.vocab);
     int32_t *rec = malloc(sizeof(int32_t) * (size_t)L);
     for (int64_t i = 0; i < L; i++) rec[i] = -1;
     float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V)),
@@ -70,7 +57,7 @@ static void test_record_then_replay_own(void) {
     int64_t differ = -1;
     const double regret = B->route_regret(s, &differ);
     B->route_replay(s, NULL, 0);
-    CHECKF(memcmp(la, lc, sizeof(float) * (size_t)(N * V)) == 0, "replayed own choices: max rel %g", max_rel(lc, la, N * V));
+    CHECKF(memcmp(la, lc, sizeof(float) * (size_t)(N * V)) == 0, "replayed own choices: max rel %g", check_max_rel(lc, la, N * V));
     CHECKF(differ == 0 && regret == 0.0, "differ %lld regret %g", (long long)differ, regret);
     /* All -1: every row routed by the backend itself. */
     for (int64_t i = 0; i < L; i++) rec[i] = -1;
@@ -105,7 +92,7 @@ static void test_replay_worse(void) {
     const int K = M.cfg.top_k;
     CHECK(M.cfg.n_experts >= 2 * K);
     int32_t ids[N];
-    ids_for(ids, N, 2);
+    check_ids(ids, N, 2, (uint32_t)M.cfg.vocab);
     int32_t *tab = malloc(sizeof(int32_t) * (size_t)L);
     float *la = malloc(sizeof(float) * (size_t)(N * V)), *lb = malloc(sizeof(float) * (size_t)(N * V));
     lilac_session *s = B->session_new(&M, 1024, 1, &err);
@@ -121,12 +108,12 @@ static void test_replay_worse(void) {
     const double regret = B->route_regret(s, &differ);
     B->route_replay(s, NULL, 0);
     printf("  worse experts at %d rows: regret %.3f, %lld rows differ, logits max rel %.3g\n", rows, regret,
-           (long long)differ, max_rel(lb + (int64_t)t0 * V, la + (int64_t)t0 * V, (int64_t)(N - t0) * V));
+           (long long)differ, check_max_rel(lb + (int64_t)t0 * V, la + (int64_t)t0 * V, (int64_t)(N - t0) * V));
     CHECK(differ >= rows); /* later layers of the changed tokens route differently too */
     CHECKF(regret > 0.1, "regret %g", regret);
     /* Positions before the replaced rows are untouched; from them on the logits move. */
     CHECK(memcmp(la, lb, sizeof(float) * (size_t)t0 * (size_t)V) == 0);
-    CHECK(max_rel(lb + (int64_t)t0 * V, la + (int64_t)t0 * V, V) > 1e-3);
+    CHECK(check_max_rel(lb + (int64_t)t0 * V, la + (int64_t)t0 * V, V) > 1e-3);
     B->session_free(s);
     free(tab); free(la); free(lb);
 }
@@ -136,7 +123,7 @@ static void test_refusals(void) {
     const int64_t L = table_len(8);
     const int K = M.cfg.top_k;
     int32_t ids[9];
-    ids_for(ids, 9, 3);
+    check_ids(ids, 9, 3, (uint32_t)M.cfg.vocab);
     int32_t *tab = malloc(sizeof(int32_t) * (size_t)table_len(9));
     lilac_session *s = B->session_new(&M, 64, 1, &err);
     B->route_record(s, tab, 8);

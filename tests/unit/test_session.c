@@ -14,19 +14,6 @@
 static lilac_model M;
 static const lilac_backend *B;
 
-static void ids_for(int32_t *ids, int n, int seed) {
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((uint32_t)(i + 7 * seed) * 2654435761u >> 9) % (uint32_t)M.cfg.vocab);
-}
-
-static double max_rel(const float *a, const float *b, int64_t n) {
-    double mx = 0, md = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mx = fmax(mx, fabs(b[i]));
-        md = fmax(md, fabs((double)a[i] - b[i]));
-    }
-    return md / (mx + 1e-30);
-}
-
 static void test_batch_equals_alone(void) {
     lilac_err err = {{0}};
     const int64_t V = M.cfg.vocab;
@@ -36,7 +23,7 @@ static void test_batch_equals_alone(void) {
     for (int i = 0; i < N; i++) {
         int32_t p[40];
         const int len = 10 + 9 * i; /* different positions per session */
-        ids_for(p, len, i);
+        check_ids(p, len, i, (uint32_t)M.cfg.vocab);
         bs[i] = B->session_new(&M, 256, 0, &err);
         as[i] = B->session_new(&M, 256, 0, &err);
         CHECK(B->forward(bs[i], p, len, LOGITS_NONE, NULL, &err) == 0);
@@ -47,7 +34,7 @@ static void test_batch_equals_alone(void) {
     for (int round = 0; round < 3; round++) {
         CHECKF(B->forward_batch(bs, step, N, lb, &err) == 0, "%s", err.msg);
         for (int i = 0; i < N; i++) CHECK(B->forward(as[i], &step[i], 1, LOGITS_LAST, la + i * V, &err) == 0);
-        const double e = max_rel(lb, la, N * V);
+        const double e = check_max_rel(lb, la, N * V);
         CHECKF(e < 1e-5, "round %d: batched vs alone max rel %g", round, e);
         for (int i = 0; i < N; i++) {
             CHECK(B->session_pos(bs[i]) == B->session_pos(as[i]));
@@ -69,9 +56,9 @@ static void test_snapshot_restore(void) {
     lilac_err err = {{0}};
     const int64_t V = M.cfg.vocab;
     int32_t p[64], a[12], b[12];
-    ids_for(p, 64, 1);
-    ids_for(a, 12, 2);
-    ids_for(b, 12, 3);
+    check_ids(p, 64, 1, (uint32_t)M.cfg.vocab);
+    check_ids(a, 12, 2, (uint32_t)M.cfg.vocab);
+    check_ids(b, 12, 3, (uint32_t)M.cfg.vocab);
     lilac_session *s = B->session_new(&M, 256, 0, &err), *f = B->session_new(&M, 256, 0, &err);
     CHECK(B->forward(s, p, 64, LOGITS_NONE, NULL, &err) == 0);
     lilac_snapshot *snap = B->snapshot(s, &err);
@@ -83,7 +70,7 @@ static void test_snapshot_restore(void) {
     CHECK(B->forward(s, b, 12, LOGITS_ALL, ls, &err) == 0);
     CHECK(B->forward(f, p, 64, LOGITS_NONE, NULL, &err) == 0);
     CHECK(B->forward(f, b, 12, LOGITS_ALL, lf, &err) == 0);
-    CHECKF(max_rel(ls, lf, 12 * V) == 0.0, "restored vs fresh: max rel %g", max_rel(ls, lf, 12 * V));
+    CHECKF(check_max_rel(ls, lf, 12 * V) == 0.0, "restored vs fresh: max rel %g", check_max_rel(ls, lf, 12 * V));
     /* A snapshot from the future is refused. */
     B->session_reset(f);
     CHECK(B->restore(f, snap, &err) < 0);
@@ -103,7 +90,7 @@ static bool stop_after_5(void *ud, int32_t tok) {
 static void test_decode_contract(void) {
     lilac_err err = {{0}};
     int32_t p[20];
-    ids_for(p, 20, 4);
+    check_ids(p, 20, 4, (uint32_t)M.cfg.vocab);
     lilac_session *s = B->session_new(&M, 256, 0, &err);
     CHECK(B->forward(s, p, 20, LOGITS_NONE, NULL, &err) == 0);
     counter c = {0};

@@ -146,10 +146,6 @@ static int rows_changed(const float *a, const float *b, int n) {
     return c;
 }
 
-static void ids_for(int32_t *ids, int n, int seed) {
-    for (int i = 0; i < n; i++) ids[i] = (int32_t)(((uint32_t)(i + 7 * seed) * 2654435761u >> 9) % 256u);
-}
-
 static bool is_router(const char *name) { return strstr(name, ".mlp.gate.") != NULL; }
 static bool is_embed_bias(const char *name) { return !strcmp(name, "language_model.model.embed_tokens.biases"); }
 
@@ -231,7 +227,7 @@ static bool from_k(int e) { return e >= K; }
 
 static void test_ties_routes_to_first_k(void) {
     int32_t ids[NTOK];
-    ids_for(ids, NTOK, 1);
+    check_ids(ids, NTOK, 1, 256u);
     for (int mode = 0; mode < 2; mode++) {
         char *d = synth_dir(2, mode ? LILAC_ROUTER_TIES : LILAC_ROUTER_RANDOM, 3);
         float *ref = logits(d, ids, NTOK, false), *one = logits(d, ids, 4, true);
@@ -269,7 +265,7 @@ static int picked_by(const char *d, const float *ref, int layer, int e, const in
 
 static void test_one_dominates(void) {
     int32_t ids[NTOK];
-    ids_for(ids, NTOK, 2);
+    check_ids(ids, NTOK, 2, 256u);
     const int fav = lilac_synth_one_expert(E);
     char *d = synth_dir(2, LILAC_ROUTER_ONE, 4), *r = synth_dir(2, LILAC_ROUTER_RANDOM, 4);
     float *ref = logits(d, ids, NTOK, true), *rref = logits(r, ids, NTOK, true);
@@ -295,7 +291,7 @@ static bool cold(int e) { return lilac_synth_router_shift(LILAC_ROUTER_SKEW, E, 
 
 static void test_skew(void) {
     int32_t ids[NTOK];
-    ids_for(ids, NTOK, 3);
+    check_ids(ids, NTOK, 3, 256u);
     char *d = synth_dir(2, LILAC_ROUTER_SKEW, 4);
     float *ref = logits(d, ids, NTOK, false), *one = logits(d, ids, NTOK, true);
     /* The three strongest hot experts (logit +6, +5, +4) are picked by nearly every token. */
