@@ -29,15 +29,20 @@ LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important one
 # The device tool brings back at most 8 files: on exit every log (here and in $OUT) goes into $OUT/logs.tgz,
 # and only the JSON results stay beside it.
 pack() {
-    tar czf /tmp/device-logs.tgz -C "$LOGS" . -C "$(cd "$OUT" && pwd)" --exclude=logs.tgz . 2>/dev/null
-    find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete
-    mv /tmp/device-logs.tgz "$OUT/logs.tgz"
+    local rc=$?
+    if tar czf /tmp/device-logs.tgz -C "$LOGS" . -C "$(cd "$OUT" && pwd)" --exclude=logs.tgz .; then
+        find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete && mv /tmp/device-logs.tgz "$OUT/logs.tgz"
+    else
+        echo "run.sh: packing the logs failed; they stay as files in $OUT" >&2
+    fi
+    exit $rc
 }
 trap pack EXIT
 . tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
 SUMMARY=()
+FAILED=0  # 1 once a step fails: the exit status of full, checks, bench and hf
 step() {  # name cmd...
     local name=$1; shift
     local t0=$(date +%s)
@@ -45,6 +50,7 @@ step() {  # name cmd...
     "$@" 2>&1 | tee "$LOGS/$name.log"
     local rc=${PIPESTATUS[0]}
     SUMMARY+=("$(printf '%-28s rc=%d  %4ds' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
+    [ "$rc" -eq 0 ] || FAILED=1
     return $rc
 }
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
@@ -258,3 +264,4 @@ for f in "$LOGS"/test-*.log "$LOGS"/kernel-*.log "$LOGS"/memcheck-*.log "$LOGS"/
     [ -f "$f" ] && printf '%-34s %s\n' "$(basename "$f" .log)" \
         "$(grep -h -E "FAIL|CHECK failed|passed, .* failed|top-1|ERROR SUMMARY" "$f" | tail -n 3 | tr '\n' ' ' | cut -c1-200)"
 done
+exit $FAILED
