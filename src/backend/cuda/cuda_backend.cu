@@ -355,10 +355,11 @@ struct lilac_session {
 
 // Optional per-phase timing (LILAC_PROFILE=1): events around each phase of
 // run_layers outside graph capture, summed and printed per forward call.
-enum { PH_EMBED, PH_GDN_PROJ, PH_GDN_CORE, PH_ATTN_PROJ, PH_ATTN_CORE, PH_MOE_ROUTE, PH_MOE_EXPERTS, PH_MOE_SHARED,
-       PH_HEAD, PH_N };
-static const char *ph_name[PH_N] = {"embed+norms", "gdn-proj", "gdn-core", "attn-proj", "attn-core", "moe-route",
-                                    "moe-experts", "moe-shared+combine", "head"};
+enum { PH_EMBED, PH_GDN_PROJ, PH_GDN_CONV, PH_GDN_RECUR, PH_GDN_CORE, PH_ATTN_PROJ, PH_ATTN_CORE, PH_MOE_ROUTE,
+       PH_MOE_EXPERTS, PH_MOE_SHARED, PH_HEAD, PH_N };
+// gdn-norm|step: the prefill's gated norm, or the whole one-token GDN step
+static const char *ph_name[PH_N] = {"embed+norms", "gdn-proj", "gdn-conv+prep", "gdn-recur", "gdn-norm|step", "attn-proj",
+                                    "attn-core", "moe-route", "moe-experts", "moe-shared+combine", "head"};
 struct profiler {
     bool on;
     std::vector<cudaEvent_t> ev;
@@ -925,6 +926,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
                                          d.A_log, d.dt_bias, Hv, s->beta, s->decay);
         CKL();
+        prof_mark(s, PH_GDN_CONV);
         dim3 g((unsigned)Hv, (unsigned)(c->lin_v_dim / 32));
 #define RECUR(DK) pdl_launch(s, k_gdn_recur<DK>, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, \
                                                       s->decay, s->ssm[(size_t)l], s->o, T)
@@ -936,6 +938,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         }
 #undef RECUR
         CKL();
+        prof_mark(s, PH_GDN_RECUR);
         pdl_launch(s, k_gated_norm, dim3((unsigned)T, (unsigned)Hv), 32, 0, s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
         CKL();
     }
