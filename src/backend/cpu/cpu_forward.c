@@ -182,31 +182,32 @@ static void gdn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
         const rowgroup *g = &s->grp[gi];
         const int hk = j / (Hv / Hk); /* v-head j reads q/k head j / (Hv/Hk) */
         float *S = g->s->ssm[l] + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
-        float *qk = xmalloc(sizeof(float) * (size_t)g->n * (size_t)(2 * dk + 2)); /* q, k rows; decay, beta */
-        float *qb = qk, *kb = qk + (int64_t)g->n * dk, *ab = kb + (int64_t)g->n * dk, *bt = ab + g->n;
+        float q[512], k[512], r[512];
         const float A = expf(ly->A_log[j]);
         for (int t = g->t0; t < g->t0 + g->n; t++) {
             const float *row = s->conv_out + (int64_t)t * CD;
-            const float *qr = row + hk * dk, *kr = row + KD + hk * dk;
-            float *q = qb + (int64_t)(t - g->t0) * dk, *k = kb + (int64_t)(t - g->t0) * dk;
+            const float *qr = row + hk * dk, *kr = row + KD + hk * dk, *v = row + 2 * KD + (int64_t)j * dv;
             float qs = 0.0f, ks = 0.0f;
             for (int i = 0; i < dk; i++) { qs += qr[i] * qr[i]; ks += kr[i] * kr[i]; }
             const float qn = qscale / sqrtf(qs + 1e-6f), kn = 1.0f / sqrtf(ks + 1e-6f);
             for (int i = 0; i < dk; i++) { q[i] = qr[i] * qn; k[i] = kr[i] * kn; }
-            bt[t - g->t0] = cpu_sigmoid(s->bb[(int64_t)t * Hv + j]);
+            const float beta = cpu_sigmoid(s->bb[(int64_t)t * Hv + j]);
             const float xa = s->ba[(int64_t)t * Hv + j] + ly->dt_bias[j];
             const float softplus = xa > 20.0f ? xa : log1pf(expf(xa));
-            ab[t - g->t0] = expf(-A * softplus);
-        }
-        const cpu_gdn_args ga = {.T = g->n, .dk = dk, .dv = dv, .q = qb, .k = kb, .ldq = dk, .ldk = dk,
-                                 .v = s->conv_out + (int64_t)g->t0 * CD + 2 * KD + (int64_t)j * dv, .ldv = CD,
-                                 .a = ab, .b = bt, .ldab = 1, .S = S,
-                                 .o = s->o + (int64_t)g->t0 * VD + (int64_t)j * dv, .ldo = VD};
-        cpu_gdn_serial(&ga);
-        free(qk);
-        /* Gated RMSNorm: w * rmsnorm(o) * silu(z). */
-        for (int t = g->t0; t < g->t0 + g->n; t++) {
+            const float decay = expf(-A * softplus);
+            for (int m = 0; m < dv; m++) r[m] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (int64_t)i * dv;
+                for (int m = 0; m < dv; m++) { Si[m] *= decay; r[m] += Si[m] * k[i]; }
+            }
+            for (int m = 0; m < dv; m++) r[m] = (v[m] - r[m]) * beta; /* delta */
             float *o = s->o + (int64_t)t * VD + (int64_t)j * dv;
+            for (int m = 0; m < dv; m++) o[m] = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (int64_t)i * dv;
+                for (int m = 0; m < dv; m++) { Si[m] += k[i] * r[m]; o[m] += Si[m] * q[i]; }
+            }
+            /* Gated RMSNorm: w * rmsnorm(o) * silu(z). */
             const float *z = s->z + (int64_t)t * VD + (int64_t)j * dv;
             cpu_rmsnorm(o, o, ly->gdn_norm, dv, c->rms_eps);
             for (int m = 0; m < dv; m++) o[m] *= cpu_silu(z[m]);
