@@ -647,19 +647,31 @@ static void test_moe_fused(void) {
     moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
-static void gemm_case(int64_t T, int n, qmat **ms, int xm) {
+// The prefill GEMM's bar: 1e-4; with -DG4_I8=2 (two int8 pieces, 2^-14 of each group's largest value) 5e-4.
+static const double GEMM_BAR = G4_NP == 2 ? 5e-4 : BAR;
+
+// amp > 0: every third input row scaled by amp (rows of very different size in one launch).
+static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
     const int64_t C = ms[0]->cols, xw = xm == 1 ? 2 * C : C;
     std::vector<float> x = rand_vec((size_t)(T * xw), 2.0f);
+    if (amp > 0.0f)
+        for (int64_t t = 0; t < T; t += 3)
+            for (int64_t c = 0; c < xw; c++) x[(size_t)(t * xw + c)] *= (xm == 1 && c < C) ? 1.0f : amp;
     dbuf<float> dx(x.size());
     dx.put(x);
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
-    dbuf<float> xs((size_t)(T * C / 64));
-    if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p);
-    else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p);
+    dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64));
+    dbuf<int8_t> xq((size_t)(3 * T * C)); // the pieces (read by the 4-bit GEMM with -DG4_I8)
+    int8_t *xqp = G4_NP ? xq.p : nullptr;
+    if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
+    else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
     CKL();
     g4_job j;
     memset(&j, 0, sizeof j);
     j.n = n;
+    j.xq = xqp;
+    j.xsig = xsig.p;
+    j.xq_plane = T * C;
     std::vector<dbuf<float> *> dy;
     for (int i = 0; i < n; i++) {
         dy.push_back(new dbuf<float>((size_t)(T * ms[i]->rows)));
@@ -687,9 +699,9 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm) {
             }
         }
         const double e = rel_err(dy[(size_t)i]->get(), ref);
-        printf("  gemm_q<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s rel err %.2e\n", ms[i]->bits, (long long)T, i, n,
-               (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ", e);
-        CHECKF(e <= BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
+        printf("  gemm_q<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s%s rel err %.2e\n", ms[i]->bits, (long long)T, i, n,
+               (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ", amp > 0.0f ? " x1e5 rows" : "", e);
+        CHECKF(e <= GEMM_BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
         delete dy[(size_t)i];
     }
 }
@@ -711,6 +723,11 @@ static void test_gemm_q(void) {
         qmat *eight[2] = {r8, g8};
         gemm_case(Ts[i], 2, eight, 0);
     }
+    // rows of very different size in one launch (each group's pieces have their own scale)
+    qmat *two[2] = {a, b};
+    gemm_case(65, 2, two, 0, 1e5f);
+    qmat *d1[1] = {dn};
+    gemm_case(65, 1, d1, 1, 1e5f);
     delete a; delete b; delete dn; delete r8; delete g8;
 }
 

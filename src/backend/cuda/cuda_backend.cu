@@ -314,6 +314,9 @@ struct lilac_session {
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
+    int8_t *xq;        // G4_I8: the input's int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
+    float *xsig;
+    int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
@@ -693,8 +696,11 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
         w = std::max(w, K * c->moe_inter);
+        s->xq_plane = G4_NP ? C * w : 0;
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
+             (G4_NP == 0 || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
+                             dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
              dalloc(s, &s->tail_done, (size_t)c->n_layers, err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
@@ -781,8 +787,9 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
-    if (xm == XM_SWIGLU) pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
-    else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum);
+    if (xm == XM_SWIGLU)
+        pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane);
+    else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane);
     CKL();
     return 0;
 }
@@ -797,6 +804,9 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
     g4_job j;
     memset(&j, 0, sizeof j);
     j.n = n;
+    j.xq = s->xq;
+    j.xsig = s->xsig;
+    j.xq_plane = s->xq_plane;
     for (int i = 0; i < n; i++) {
         j.W[i] = W[i];
         j.y[i] = y[i];

@@ -17,6 +17,18 @@
 // of cuda_packed.cuh (one conflict-free 16-byte read per lane and row block, a
 // shift, a mask and a subtraction per fragment register); 8-bit codes in the
 // MLX layout. B fragments come from ldmatrix.
+//
+// -DG4_I8=3 (or 2; experiment, branch next/i8gemm): the 4-bit products on the
+// integer tensor cores instead (mma m16n8k32 s8, twice the bf16 rate), as the
+// decode GEMV computes them: the input as G4_I8 int8 pieces per 64-column group,
+//   x ~ sigma_G (a + b/128 [+ c/16384]),  sigma_G = max|x| / 127,
+// the codes (0..15) as they are, and per group one s32 sum D = (Sqa*128 + Sqb)
+// [*128 + Sqc] (at most 2.01e9 for three pieces: exact), so Sqx = sigma D / 128^(G4_I8-1).
+// Per group and warp 16 MMAs per piece (32 or 48) against 64 bf16 ones, and one
+// mask per four codes in place of three operations per two. Three pieces resolve
+// 2^-21 of the group's largest value (two bf16 parts: 2^-16 of each value); two
+// pieces 2^-14 (a CPU emulation on the full-size synth: 1.8e-3 off the logits,
+// regret 1.6e-3). 8-bit matrices keep the bf16 path (codes to 255 would overflow).
 #pragma once
 #include "cuda_common.cuh"
 
@@ -28,15 +40,32 @@
 #endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_MATS 4
+#ifdef G4_I8
+#define G4_NP G4_I8
+static_assert(G4_NP == 2 || G4_NP == 3, "two or three int8 pieces");
+#else
+#define G4_NP 0
+#endif
+#define G4_QLDW 20 // 4-byte words per token row of one piece in shared memory (16 used; 20: conflict-free)
+// Where column c (0..63) of a group goes in the piece layout: within each block of
+// 16 columns, thread t's fragment word holds columns 2t, 2t+8, 2t+1, 2t+9 (see
+// cuda_packed.cuh: the order of the codes in a packed word).
+__host__ __device__ inline int g4_qpos(int c) {
+    const int b = c & 15;
+    return (c & ~15) + 4 * ((b & 7) >> 1) + 2 * (b & 1) + (b >> 3);
+}
 
 // u32 words per code row in shared memory: 8 (4-bit) or 16 (8-bit) used, padded
 // so that the 8 rows a fragment load touches fall in distinct banks.
 template <int BITS> struct g4_geom { static const int QW = 2 * BITS, QLD = BITS == 4 ? 12 : 20; };
+template <int BITS> struct g4_i8 { static const bool on = BITS == 4 && G4_NP > 0; };
 template <int BITS>
 struct g4_stage {
     uint32_t q[G4_BM * g4_geom<BITS>::QLD];
-    __nv_bfloat16 xh[G4_BN * G4_XLD], xl[G4_BN * G4_XLD];
+    __nv_bfloat16 xh[g4_i8<BITS>::on ? 8 : G4_BN * G4_XLD], xl[g4_i8<BITS>::on ? 8 : G4_BN * G4_XLD];
+    uint32_t xq[g4_i8<BITS>::on ? G4_NP : 1][g4_i8<BITS>::on ? G4_BN * G4_QLDW : 4]; // G4_I8: the pieces
     float xs[G4_BN];
+    float sg[G4_BN]; // G4_I8: sigma of each token's group
 };
 template <int BITS> constexpr size_t g4_smem() { return sizeof(g4_stage<BITS>) * G4_STAGES; }
 
@@ -48,6 +77,9 @@ struct g4_job {
     int64_t ldy[G4_MATS];
     int start[G4_MATS + 1];
     int n;
+    const int8_t *xq;   // G4_I8: the pieces, [piece][row][cols] in the K order of the packed codes (k_split_x)
+    const float *xsig;  // G4_I8: sigma per row and group, [row][cols/64]
+    int64_t xq_plane;   // bytes from one piece's plane to the next
 };
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
@@ -62,6 +94,13 @@ __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Fragment register a_j (two codes) of a packed word as an exact bf16x2.
@@ -85,9 +124,11 @@ __device__ __forceinline__ uint32_t byte2_bf16(uint32_t w, int h) {
 // Split the GEMM input rows into bf16 hi/lo parts and f32 sums per group of 64.
 // Row r of the input is x + r*ldx (XM_SWIGLU: silu(x[c]) * x[xoff + c]); output
 // row r of xh/xl has `cols` entries, xs has cols/64. Grid: rows; block 256.
+// xq non-null (G4_I8): also the int8 pieces of each group, at g4_qpos, and sigma.
 template <int XM>
 __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int64_t xoff, int64_t cols,
-                                                 __nv_bfloat16 *xh, __nv_bfloat16 *xl, float *xs) {
+                                                 __nv_bfloat16 *xh, __nv_bfloat16 *xl, float *xs, int8_t *xq = nullptr,
+                                                 float *xsig = nullptr, int64_t xq_plane = 0) {
     pdl_wait();
     const int64_t r = blockIdx.x;
     const float *xr = x + r * ldx;
@@ -120,6 +161,26 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (in && (threadIdx.x & 15) == 0) xs[r * (cols / 64) + c / 64] = s;
+        if (xq) { // the pieces: x = sigma (a + b/128 + c/16384), sigma = max|x| / 127 over the group
+            float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+            if (in) {
+                if ((threadIdx.x & 15) == 0) xsig[r * (cols / 64) + c / 64] = m * (1.0f / 127.0f);
+                const int64_t g0 = c & ~(int64_t)63, pl = xq_plane;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const float u = e[i] * inv, a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
+                    const float rb = (u - a) * 128.0f, b = fminf(fmaxf(rintf(rb), -127.0f), 127.0f);
+                    const float cc = fminf(fmaxf(rintf((rb - b) * 128.0f), -127.0f), 127.0f);
+                    const int64_t at = r * cols + g0 + g4_qpos((int)(c - g0) + i);
+                    xq[at] = (int8_t)a;
+                    xq[pl + at] = (int8_t)b;
+                    if (G4_NP == 3) xq[2 * pl + at] = (int8_t)cc;
+                }
+            }
+        }
     }
 }
 
@@ -134,6 +195,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                                                 const float *xs, int T, const int *offs, const int *sorted,
                                                 const int2 *tiles, const int *n_tiles, int x_div) {
     constexpr int QW = g4_geom<BITS>::QW, QLD = g4_geom<BITS>::QLD;
+    constexpr bool I8 = g4_i8<BITS>::on;
     extern __shared__ __align__(16) unsigned char g4_smem_raw[];
     g4_stage<BITS> *st = (g4_stage<BITS> *)g4_smem_raw;
     __shared__ int xrow[G4_BN], yrow[G4_BN];
@@ -188,13 +250,26 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                 cp_async16(&S.q[r * QLD + h * 4], src, ok);
             }
         }
+        if constexpr (I8) { // each piece: 64 tokens x 64 bytes, one 16-byte chunk per thread
+            const int n = tid >> 2, ch = tid & 3, xr = xrow[n];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int c = tid + i * 256, part = c >> 9, cc = c & 511, n = cc >> 3, ch = cc & 7;
-            const int xr = xrow[n];
-            const __nv_bfloat16 *base_p = part ? xl : xh;
-            const __nv_bfloat16 *src = base_p + (xr >= 0 ? (int64_t)xr * K + (int64_t)kt * 64 + ch * 8 : 0);
-            cp_async16((part ? S.xl : S.xh) + n * G4_XLD + ch * 8, src, xr >= 0);
+            for (int pc = 0; pc < G4_NP; pc++) {
+                const int8_t *src = job.xq + (xr >= 0 ? (int64_t)pc * job.xq_plane + (int64_t)xr * K + (int64_t)kt * 64 + ch * 16 : 0);
+                cp_async16(&S.xq[pc][n * G4_QLDW + ch * 4], src, xr >= 0);
+            }
+            if (tid < G4_BN) {
+                const int xr2 = xrow[tid];
+                cp_async4(&S.sg[tid], job.xsig + (xr2 >= 0 ? (int64_t)xr2 * ng + kt : 0), xr2 >= 0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int c = tid + i * 256, part = c >> 9, cc = c & 511, n = cc >> 3, ch = cc & 7;
+                const int xr = xrow[n];
+                const __nv_bfloat16 *base_p = part ? xl : xh;
+                const __nv_bfloat16 *src = base_p + (xr >= 0 ? (int64_t)xr * K + (int64_t)kt * 64 + ch * 8 : 0);
+                cp_async16((part ? S.xl : S.xh) + n * G4_XLD + ch * 8, src, xr >= 0);
+            }
         }
         if (tid < G4_BN) {
             const int xr = xrow[tid];
@@ -252,64 +327,122 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
             for (int i = 0; i < 4; i++) scale_bias(rows_g[i], kt + 1, nsc[i], nbi[i]);
         }
         const g4_stage<BITS> &S = st[kt % G4_STAGES];
-        float p[2][4][4];
+        if constexpr (I8) {
+            // D = ((Sqa * 128 + Sqb) * 128 + Sqc) per (row, token): exact s32 (see the header)
+            int d[2][4][4];
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+            for (int a = 0; a < 2; a++)
 #pragma unroll
-            for (int b = 0; b < 4; b++)
+                for (int b = 0; b < 4; b++)
 #pragma unroll
-                for (int c = 0; c < 4; c++) p[a][b][c] = 0.0f;
-        uint4 pw[2]; // 4-bit: this lane's packed words of the warp's two row blocks
-        if (BITS == 4) {
+                    for (int c = 0; c < 4; c++) d[a][b][c] = 0;
+            uint4 pw[2];
             pw[0] = *(const uint4 *)&S.q[((wm / 16) * 32 + lane) * 4];
             pw[1] = *(const uint4 *)&S.q[((wm / 16 + 1) * 32 + lane) * 4];
-        }
+            const uint32_t M = 0x0F0F0F0Fu;
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            uint32_t af[2][4];
+            for (int pc = 0; pc < G4_NP; pc++) {
+                if (pc > 0) {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const int r0 = wm + mt * 16 + g;
-                if (BITS == 4) { // word ks holds the four fragment registers of k-step ks
-                    const uint32_t w = ks == 0 ? pw[mt].x : ks == 1 ? pw[mt].y : ks == 2 ? pw[mt].z : pw[mt].w;
-                    af[mt][0] = pk_frag(w, 0);
-                    af[mt][1] = pk_frag(w, 1);
-                    af[mt][2] = pk_frag(w, 2);
-                    af[mt][3] = pk_frag(w, 3);
-                } else { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
-                    const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
-                    af[mt][0] = byte2_bf16(q0[0], t & 1);
-                    af[mt][1] = byte2_bf16(q1[0], t & 1);
-                    af[mt][2] = byte2_bf16(q0[2], t & 1);
-                    af[mt][3] = byte2_bf16(q1[2], t & 1);
+                    for (int a = 0; a < 2; a++)
+#pragma unroll
+                        for (int b = 0; b < 4; b++)
+#pragma unroll
+                            for (int c = 0; c < 4; c++) d[a][b][c] *= 128;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // columns 32h .. 32h + 31: packed words 2h, 2h + 1
+                    uint32_t bq[4][2];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const uint32_t *row = &S.xq[pc][(wn + nt * 8 + g) * G4_QLDW];
+                        bq[nt][0] = row[8 * h + t];
+                        bq[nt][1] = row[8 * h + 4 + t];
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        const uint32_t w0 = h ? pw[mt].z : pw[mt].x, w1 = h ? pw[mt].w : pw[mt].y;
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++)
+                            imma_s8(d[mt][nt], w0 & M, (w0 >> 4) & M, w1 & M, (w1 >> 4) & M, bq[nt][0], bq[nt][1]);
+                    }
                 }
             }
-            uint32_t bh[4][2], bl[4][2];
+            // fold the group: acc += s * sigma * D / 128^(NP-1) + b * xs
+            constexpr float DN = G4_NP == 3 ? 1.0f / 16384.0f : 1.0f / 128.0f;
 #pragma unroll
-            for (int np = 0; np < 2; np++) {
-                const int n = wn + np * 16 + (lane & 7) + ((lane >> 4) << 3), k = ks * 16 + (((lane >> 3) & 1) << 3);
-                ldmatrix_x4(bh[2 * np][0], bh[2 * np][1], bh[2 * np + 1][0], bh[2 * np + 1][1], &S.xh[n * G4_XLD + k]);
-                ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
+            for (int nt = 0; nt < 4; nt++) {
+                const int n0 = wn + nt * 8 + 2 * t;
+                const float x0 = S.xs[n0], x1 = S.xs[n0 + 1], g0 = S.sg[n0] * DN, g1 = S.sg[n0 + 1] * DN;
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const float s0 = sc[mt * 2], b0 = bi[mt * 2], s1 = sc[mt * 2 + 1], b1 = bi[mt * 2 + 1];
+                    acc[mt][nt][0] += s0 * ((float)d[mt][nt][0] * g0) + b0 * x0;
+                    acc[mt][nt][1] += s0 * ((float)d[mt][nt][1] * g1) + b0 * x1;
+                    acc[mt][nt][2] += s1 * ((float)d[mt][nt][2] * g0) + b1 * x0;
+                    acc[mt][nt][3] += s1 * ((float)d[mt][nt][3] * g1) + b1 * x1;
+                }
+            }
+        } else {
+            float p[2][4][4];
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) p[a][b][c] = 0.0f;
+            uint4 pw[2]; // 4-bit: this lane's packed words of the warp's two row blocks
+            if (BITS == 4) {
+                pw[0] = *(const uint4 *)&S.q[((wm / 16) * 32 + lane) * 4];
+                pw[1] = *(const uint4 *)&S.q[((wm / 16 + 1) * 32 + lane) * 4];
             }
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
+            for (int ks = 0; ks < 4; ks++) {
+                uint32_t af[2][4];
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    mma_bf16(p[mt][nt], af[mt], bl[nt][0], bl[nt][1]);
-                    mma_bf16(p[mt][nt], af[mt], bh[nt][0], bh[nt][1]);
+                for (int mt = 0; mt < 2; mt++) {
+                    const int r0 = wm + mt * 16 + g;
+                    if (BITS == 4) { // word ks holds the four fragment registers of k-step ks
+                        const uint32_t w = ks == 0 ? pw[mt].x : ks == 1 ? pw[mt].y : ks == 2 ? pw[mt].z : pw[mt].w;
+                        af[mt][0] = pk_frag(w, 0);
+                        af[mt][1] = pk_frag(w, 1);
+                        af[mt][2] = pk_frag(w, 2);
+                        af[mt][3] = pk_frag(w, 3);
+                    } else { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
+                        const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
+                        af[mt][0] = byte2_bf16(q0[0], t & 1);
+                        af[mt][1] = byte2_bf16(q1[0], t & 1);
+                        af[mt][2] = byte2_bf16(q0[2], t & 1);
+                        af[mt][3] = byte2_bf16(q1[2], t & 1);
+                    }
                 }
-        }
-        // fold the group: acc += s * p + b * xs
+                uint32_t bh[4][2], bl[4][2];
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const float x0 = S.xs[wn + nt * 8 + 2 * t], x1 = S.xs[wn + nt * 8 + 2 * t + 1];
+                for (int np = 0; np < 2; np++) {
+                    const int n = wn + np * 16 + (lane & 7) + ((lane >> 4) << 3), k = ks * 16 + (((lane >> 3) & 1) << 3);
+                    ldmatrix_x4(bh[2 * np][0], bh[2 * np][1], bh[2 * np + 1][0], bh[2 * np + 1][1], &S.xh[n * G4_XLD + k]);
+                    ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
+                }
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                const float s0 = sc[mt * 2], b0 = bi[mt * 2], s1 = sc[mt * 2 + 1], b1 = bi[mt * 2 + 1];
-                acc[mt][nt][0] += s0 * p[mt][nt][0] + b0 * x0;
-                acc[mt][nt][1] += s0 * p[mt][nt][1] + b0 * x1;
-                acc[mt][nt][2] += s1 * p[mt][nt][2] + b1 * x0;
-                acc[mt][nt][3] += s1 * p[mt][nt][3] + b1 * x1;
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        mma_bf16(p[mt][nt], af[mt], bl[nt][0], bl[nt][1]);
+                        mma_bf16(p[mt][nt], af[mt], bh[nt][0], bh[nt][1]);
+                    }
+            }
+            // fold the group: acc += s * p + b * xs
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float x0 = S.xs[wn + nt * 8 + 2 * t], x1 = S.xs[wn + nt * 8 + 2 * t + 1];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    const float s0 = sc[mt * 2], b0 = bi[mt * 2], s1 = sc[mt * 2 + 1], b1 = bi[mt * 2 + 1];
+                    acc[mt][nt][0] += s0 * p[mt][nt][0] + b0 * x0;
+                    acc[mt][nt][1] += s0 * p[mt][nt][1] + b0 * x1;
+                    acc[mt][nt][2] += s1 * p[mt][nt][2] + b1 * x0;
+                    acc[mt][nt][3] += s1 * p[mt][nt][3] + b1 * x1;
+                }
             }
         }
         if (kt + 1 < nk) {

@@ -106,12 +106,7 @@ static inline int gemv_stages(int64_t cols, int ns) {
 //   xq[((G*4 + n)*4 + t)*16 + ks*4 + byte] = piece n (0..2) of column
 //   64G + 16ks + c, for byte = 0, 1, 2, 3 <-> c = 2t, 2t+8, 2t+1, 2t+9.
 //   xsg[2G] = Σ_G x (f32, for the bias), xsg[2G+1] = σ_G.
-__device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// (imma_s8: cuda_gemm.cuh)
 
 // One packed group (16 rows x 64 columns; this lane's fragment word pq and
 // scale/bias word psr, see the layout above) times the staged input (xq, and
