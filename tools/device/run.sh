@@ -4,7 +4,8 @@
 # the benchmarks. Everything it prints last is the summary table.
 #
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
-#   ab: the default build and one with nvcc flags $AB_FLAGS, decode at 4k/32k side by side (twice, alternating),
+#   ab: the default build and one per ';'-separated set of nvcc flags in $AB_FLAGS, decode at 4k/32k side by side
+#       (twice, alternating; AB_LENS, AB_STEPS; AB_PROFILE=1: the default build's prefill phases),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck; AB_TESTS=1: the second build's
 #       test_matmul and its 4-layer and full-size whole-model checks, for a change of numerics)
@@ -38,6 +39,7 @@ pack() {
     exit $rc
 }
 trap pack EXIT
+trap "exit 143" TERM INT  # a time limit still brings back the logs
 . tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
@@ -102,12 +104,17 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
     done | tee -a "$OUT/bench.log"
     exit $rc
 fi
-if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $AB_FLAGS (nvcc), decode side by side
+if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and one per ';'-separated $AB_FLAGS set
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn > "$LOGS/build.log" 2>&1 &
-    make -j"$NPROC" WERROR= BUILD=build-ab NVEXTRA="${AB_FLAGS:-}" build-ab/lilac \
-        ${AB_TESTS:+build-ab/cuda-tests/test_cuda build-ab/cuda-tests/test_matmul} > "$LOGS/build-ab.log" 2>&1 &
+    ABS=(); i=0
+    IFS=';' read -r -a ABF <<< "${AB_FLAGS:-}"
+    for f in "${ABF[@]}"; do
+        i=$((i + 1)); b=build-ab$i; ABS+=("$b"); echo "$b: $f"
+        make -j"$NPROC" WERROR= BUILD=$b NVEXTRA="$f" $b/lilac \
+            ${AB_TESTS:+$b/cuda-tests/test_cuda $b/cuda-tests/test_matmul} > "$LOGS/$b.log" 2>&1 &
+    done
     wait
-    [ -x build/lilac ] && [ -x build-ab/lilac ] || { tail -20 "$LOGS/build.log" "$LOGS/build-ab.log"; exit 1; }
+    for b in build "${ABS[@]}"; do [ -x $b/lilac ] || { tail -20 "$LOGS/$b.log" "$LOGS/build.log"; exit 1; }; done
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     model_checks
@@ -126,19 +133,30 @@ if [ "$MODE" = ab ]; then  # two builds in one call: the default and one with $A
     fi
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
-    if [ -n "${AB_TESTS:-}" ]; then  # the second build's numerics: the GEMV/GEMM test, 4-layer and full-size models
-        ./build-ab/cuda-tests/test_matmul --quick > "$OUT/ab-test_matmul.log" 2>&1 || rc=1
-        ./build-ab/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/ab-test-real-dims.log" 2>&1 || rc=1
-        ./build-ab/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/ab-test-full-size.log" 2>&1 || rc=1
-        grep -h -E "FAIL|CHECK|passed, .* failed|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/ab-test*.log | cut -c1-160
+    if [ -n "${AB_TESTS:-}" ]; then  # each other build's numerics: the GEMV/GEMM test, 4-layer and full-size models
+        for b in "${ABS[@]}"; do
+            echo "== $b"
+            ./$b/cuda-tests/test_matmul --quick > "$OUT/$b-test_matmul.log" 2>&1 || rc=1
+            ./$b/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/$b-test-real-dims.log" 2>&1 || rc=1
+            ./$b/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/$b-test-full-size.log" 2>&1 || rc=1
+            grep -h -E "FAIL|CHECK|passed, .* failed|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/$b-test*.log | cut -c1-160
+        done
     fi
-    for b in build build-ab build build-ab; do
-        for v in ${AB_ENVS:-X=0}; do
-            echo "$b $v"
-            env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} --decode-steps 64 --rounds 1 2>&1 | grep -E "^ +[0-9]+ "
+    if [ -n "${AB_PROFILE:-}" ]; then  # where the default build's prefill goes, phase by phase
+        LILAC_PROFILE=1 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 \
+            --decode-steps 4 > "$OUT/profile-prefill.log" 2>&1
+        python3 tools/device/prefill_phases.py < "$OUT/profile-prefill.log"
+    fi
+    for r in 1 2; do
+        for b in build "${ABS[@]}"; do
+            for v in ${AB_ENVS:-X=0}; do
+                echo "$b $v"
+                env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
+                    --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ "
+            done
         done
     done | tee "$OUT/bench.log"
-    for a in ${PROBE_ABLATE:-attn}; do
+    for a in ${PROBE_ABLATE-attn}; do
         echo "LILAC_ABLATE=$a"
         bench4k LILAC_ABLATE=$a
     done | tee -a "$OUT/bench.log"
