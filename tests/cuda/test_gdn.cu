@@ -3,7 +3,7 @@
 // build/cuda-tests/test_gdn [--quick]; no model needed).
 //
 // Both paths of gdn_layer (cuda_backend.cu), launched exactly as it launches them:
-//   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk> -> k_gated_norm
+//   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk, rg> -> k_gated_norm (rg = 4, 8, 16)
 //   decode (one token): k_gdn_step<dk/GDN_G, 4>, when gdn_step_threads(dv) > 0 (else the
 //                       prefill path with T = 1, as gdn_layer does)
 // on random inputs at the model's shape (Hk = 16 q/k heads, Hv = 32 v-heads, dk = dv
@@ -20,7 +20,7 @@
 //   k_conv's output, k_gdn_prep's q/k/v rows   <= 1e-5 relative, per part
 //   k_gdn_prep's beta and decay                <= 1e-6 absolute
 // Token counts cover the tiling: k_conv segments of CONV_TS = 32 tokens,
-// k_gdn_recur staging buffers of GDN_TS = 16 (8 for dk = 256). Every prefill is
+// k_gdn_recur staging buffers of 16 tokens (8 where a key row's padded length exceeds 160). Every prefill is
 // followed by decode steps, and the reference is checked once more against one
 // CPU loop over the whole sequence (prefill of T then a step = the loop over T+1).
 //
@@ -259,18 +259,14 @@ static void launch_prep(const geo &G, gpu_bufs &d, int T) {
                            d.beta.p, d.decay.p);
     CKL();
 }
-// k_gdn_recur<dk>: grid (v-heads, dv/32), 4 warps; then k_gated_norm, one warp per (token, v-head).
+// k_gdn_recur<dk, rg> as gdn_layer picks it (gdn_recur_kernel: rg threads per state column, 4 warps a
+// block); then k_gated_norm, one warp per (token, v-head). Every case runs at each rg (4, 8, 16).
+static int recur_rg = 4;
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
-    const dim3 g((unsigned)G.Hv, (unsigned)(G.dv / 32));
-#define RECUR(DK) k_gdn_recur<DK><<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T)
-    switch (G.dk) {
-    case 32: RECUR(32); break;
-    case 64: RECUR(64); break;
-    case 128: RECUR(128); break;
-    case 256: RECUR(256); break;
-    default: fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2);
-    }
-#undef RECUR
+    dim3 g;
+    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, recur_rg, G.Hv, G.dv, &g);
+    if (!recur) { fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2); }
+    recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
     CKL();
     k_gated_norm<<<dim3((unsigned)T, (unsigned)G.Hv), 32>>>(d.o.p, d.z.p, d.nw.p, G.Hv, G.dv, EPS);
     CKL();
@@ -312,7 +308,7 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
     const size_t nconv = (size_t)((KC - 1) * CD), nS = (size_t)G.Hv * G.dk * G.dv;
     int N = 0, Tmax = 1;
     // e.g. "Hk=16 Hv=32 dk=128 dv=128 p0=64 [P17 D D]": P = prefill chain, D = decode step
-    std::string label = "Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
+    std::string label = "rg=" + std::to_string(recur_rg) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
                         " dv=" + std::to_string(G.dv) + " p0=" + std::to_string(p0) + " [";
     for (size_t i = 0; i < segs.size(); i++) {
         label += i ? " " : "";
@@ -500,10 +496,13 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, quick ? "  --quick: T = 2048 skipped" : "");
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
-    TEST(test_real_prefill);
-    TEST(test_real_decode);
-    TEST(test_real_chunks);
-    TEST(test_small_shapes);
+    for (int rg : {4, 8, 16}) {
+        recur_rg = rg;
+        TEST(test_real_prefill);
+        if (rg == 4) TEST(test_real_decode); // the decode kernel does not depend on rg
+        TEST(test_real_chunks);
+        TEST(test_small_shapes);
+    }
     printf("cases: %d run, %d failed\n", cases_run, cases_failed);
     const int rc = check_summary();
     printf("%s\n", rc ? "FAIL" : "PASS");

@@ -5,7 +5,8 @@
 #
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
 #   ab: the default build and one per ';'-separated set of nvcc flags in $AB_FLAGS, decode at 4k/32k side by side
-#       (twice, alternating; AB_LENS, AB_STEPS; AB_PROFILE=1: the default build's prefill phases),
+#       (twice, alternating; AB_LENS, AB_STEPS; AB_PROFILE=1: the default build's prefill phases; AB_KTESTS:
+#       kernel tests of the default build to run, e.g. "test_gdn test_matmul"),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck; AB_TESTS=1: the second build's
 #       test_matmul and its 4-layer and full-size whole-model checks, for a change of numerics)
@@ -105,7 +106,8 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
     exit $rc
 fi
 if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and one per ';'-separated $AB_FLAGS set
-    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn > "$LOGS/build.log" 2>&1 &
+    make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn \
+        $(for t in ${AB_KTESTS:-}; do echo build/cuda-tests/$t; done) > "$LOGS/build.log" 2>&1 &
     ABS=(); i=0
     IFS=';' read -r -a ABF <<< "${AB_FLAGS:-}"
     for f in "${ABF[@]}"; do
@@ -117,6 +119,10 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     for b in build "${ABS[@]}"; do [ -x $b/lilac ] || { tail -20 "$LOGS/$b.log" "$LOGS/build.log"; exit 1; }; done
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
+    for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. test_gdn test_matmul)
+        ./build/cuda-tests/$t > "$OUT/test-k-$t.log" 2>&1 || { rc=1; echo "$t FAILED"; }
+        tail -n 2 "$OUT/test-k-$t.log"
+    done
     model_checks
     if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
         if [ -d .devdata/tiny ]; then

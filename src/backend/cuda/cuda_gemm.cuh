@@ -3,7 +3,8 @@
 //
 // Why "q-space": an affine group is w = s*q + b with q an integer 0..15, so
 //   sum_k w[m][k] x[n][k] = s[m] * sum_k q[m][k] x[n][k] + b[m] * sum_k x[n][k]
-// within a group of 64 columns. The codes q are exact in bf16, so the tensor
+// within a group of 64 columns. 8-bit matrices (and 4-bit ones with -DG4_I8=0):
+// the codes q are exact in bf16, so the tensor
 // cores take them as they are; the activations are split x = xh + xl (two bf16
 // parts, ~16 significant bits) and multiplied in two MMAs. Per group, the f32
 // partial is scaled by s and the bias term b * xs (xs = f32 group sum of x) is
@@ -18,17 +19,18 @@
 // shift, a mask and a subtraction per fragment register); 8-bit codes in the
 // MLX layout. B fragments come from ldmatrix.
 //
-// -DG4_I8=3 (or 2; experiment, branch next/i8gemm): the 4-bit products on the
-// integer tensor cores instead (mma m16n8k32 s8, twice the bf16 rate), as the
-// decode GEMV computes them: the input as G4_I8 int8 pieces per 64-column group,
+// 4-bit products on the integer tensor cores (the default, G4_I8=2; mma
+// m16n8k32 s8, twice the bf16 rate), as the decode GEMV computes them: the
+// input as G4_I8 int8 pieces per 64-column group,
 //   x ~ sigma_G (a + b/128 [+ c/16384]),  sigma_G = max|x| / 127,
 // the codes (0..15) as they are, and per group one s32 sum D = (Sqa*128 + Sqb)
 // [*128 + Sqc] (at most 2.01e9 for three pieces: exact), so Sqx = sigma D / 128^(G4_I8-1).
 // Per group and warp 16 MMAs per piece (32 or 48) against 64 bf16 ones, and one
-// mask per four codes in place of three operations per two. Three pieces resolve
-// 2^-21 of the group's largest value (two bf16 parts: 2^-16 of each value); two
-// pieces 2^-14 (a CPU emulation on the full-size synth: 1.8e-3 off the logits,
-// regret 1.6e-3). 8-bit matrices keep the bf16 path (codes to 255 would overflow).
+// mask per four codes in place of three operations per two. Two pieces resolve
+// 2^-14 of the group's largest value: on the full-size synth 2.2-2.8e-3 off the
+// f32 reference (the bf16 split: ~1e-3), prefill +21% at 4k (docs/perf.md,
+// session 9). -DG4_I8=3 resolves 2^-21 (+6.5%); -DG4_I8=0 is the bf16 split
+// above. 8-bit matrices keep the bf16 path (codes to 255 would overflow).
 #pragma once
 #include "cuda_common.cuh"
 
@@ -40,12 +42,11 @@
 #endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_MATS 4
-#ifdef G4_I8
-#define G4_NP G4_I8
-static_assert(G4_NP == 2 || G4_NP == 3, "two or three int8 pieces");
-#else
-#define G4_NP 0
+#ifndef G4_I8
+#define G4_I8 2
 #endif
+#define G4_NP G4_I8
+static_assert(G4_NP == 0 || G4_NP == 2 || G4_NP == 3, "the bf16 split, or two or three int8 pieces");
 #define G4_QLDW 20 // 4-byte words per token row of one piece in shared memory (16 used; 20: conflict-free)
 // Where column c (0..63) of a group goes in the piece layout: within each block of
 // 16 columns, thread t's fragment word holds columns 2t, 2t+8, 2t+1, 2t+9 (see

@@ -462,23 +462,31 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
     }
 }
 
-// The f32 delta-rule recurrence over a prefill chunk. Block = 4 warps = 32
-// value columns of one v-head (grid: v-heads x dv/32). Warp lane = column * 4 +
-// g: the thread keeps keys [g*KPT, (g+1)*KPT) of its column of the state
-// S[dk][dv] in registers, so a step is three register dot products and two
-// 2-step shuffle reductions. q and k are read as float4 from shared memory,
-// each key quarter padded by 4 floats so that the four quarters a warp reads
-// at once sit in different banks. q, k, v, decay and beta of GDN_TS tokens at
-// a time are staged with cp.async, double-buffered.
-#define GDN_TS(DK) ((DK) >= 256 ? 8 : 16) // tokens per staging buffer (static shared memory < 48 KB)
-template <int DK>
+// The f32 delta-rule recurrence over a prefill chunk. Block = 4 warps = 128/RG
+// value columns of one v-head (grid: v-heads x dv*RG/128). Warp lane = column *
+// RG + g: the thread keeps keys [g*KPT, (g+1)*KPT) (KPT = DK/RG) of its column
+// of the state S[dk][dv] in registers, so a step is three register dot products
+// and two log2(RG)-step shuffle reductions. The chain is serial in the tokens,
+// so the kernel is bound by each token's dependent latency: more threads per
+// column (RG 8 or 16 instead of 4) make each chain shorter and put 2-4x more
+// warps on every SM to hide it. q and k are read as float4 from shared memory,
+// each key group padded by 4 floats so that the groups a warp reads at once sit
+// in different banks. q, k, v, decay and beta of TS tokens at a time are staged
+// with cp.async, double-buffered.
+template <int DK, int RG> struct gdn_recur_geom {
+    static const int KPT = DK / RG, CW = 128 / RG, KLD = DK + 4 * RG;
+    static const int TS = KLD > 160 ? 8 : 16; // tokens per staging buffer (static shared memory < 48 KB)
+    static_assert(KPT >= 4 && KPT % 4 == 0 && 32 % RG == 0, "k_gdn_recur shape");
+};
+template <int DK, int RG>
 __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
                                                    const float *beta, const float *decay, float *ssm, float *o, int T) {
-    constexpr int KPT = DK / 4, TS = GDN_TS(DK), KLD = DK + 16; // quarter g at g*(KPT+4)
-    __shared__ __align__(16) float qs[2][TS][KLD], ks[2][TS][KLD], vs[2][TS][32], as[2][TS], bs[2][TS];
+    typedef gdn_recur_geom<DK, RG> GM;
+    constexpr int KPT = GM::KPT, TS = GM::TS, KLD = GM::KLD, CW = GM::CW; // group g at g*(KPT+4)
+    __shared__ __align__(16) float qs[2][TS][KLD], ks[2][TS][KLD], vs[2][TS][CW], as[2][TS], bs[2][TS];
     pdl_wait();
-    const int j = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane & 3;
-    const int col = warp * 8 + (lane >> 2), m = blockIdx.y * 32 + col;
+    const int j = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane % RG;
+    const int col = warp * (32 / RG) + lane / RG, m = blockIdx.y * CW + col;
     const int hk = j / (Hv / Hk);
     const int64_t VD = (int64_t)Hv * dv;
     float S[KPT];
@@ -487,8 +495,8 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
     for (int i = 0; i < KPT; i++) S[i] = Sg[(int64_t)(g * KPT + i) * dv];
     auto stage = [&](int t0, int b) {
         const int n = min(TS, T - t0);
-        // q and k rows: DK/4 16-byte chunks each; v: 8 chunks
-        const int per_tok = DK / 2 + 8;
+        // q and k rows: DK/4 16-byte chunks each; v: CW/4 chunks
+        const int per_tok = DK / 2 + CW / 4;
         for (int c = tid; c < n * per_tok; c += 128) {
             const int tt = c / per_tok, r = c % per_tok;
             const float *row = conv_out + (int64_t)(t0 + tt) * CD;
@@ -499,7 +507,7 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
                 dst = (r < DK / 4 ? qs[b][tt] : ks[b][tt]) + 4 * e + pad;
                 src = row + (r < DK / 4 ? 0 : KD) + (int64_t)hk * DK + 4 * e;
             }
-            else { dst = &vs[b][tt][4 * (r - DK / 2)]; src = row + 2 * KD + (int64_t)j * dv + blockIdx.y * 32 + 4 * (r - DK / 2); }
+            else { dst = &vs[b][tt][4 * (r - DK / 2)]; src = row + 2 * KD + (int64_t)j * dv + blockIdx.y * CW + 4 * (r - DK / 2); }
             cp_async16(dst, src, true);
         }
         for (int c = tid; c < 2 * n; c += 128) {
@@ -532,8 +540,8 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
                 r4[3] += S[4 * i + 3] * kk.w;
             }
             float r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
-            r += __shfl_xor_sync(0xffffffffu, r, 1);
-            r += __shfl_xor_sync(0xffffffffu, r, 2);
+#pragma unroll
+            for (int off = 1; off < RG; off <<= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
             const float d = (v - a * r) * bt;
             float o4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -549,14 +557,32 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
                 o4[3] += S[4 * i + 3] * qq.w;
             }
             float ov = (o4[0] + o4[1]) + (o4[2] + o4[3]);
-            ov += __shfl_xor_sync(0xffffffffu, ov, 1);
-            ov += __shfl_xor_sync(0xffffffffu, ov, 2);
+#pragma unroll
+            for (int off = 1; off < RG; off <<= 1) ov += __shfl_xor_sync(0xffffffffu, ov, off);
             if (g == 0) o[(int64_t)(t0 + tt) * VD + (int64_t)j * dv + m] = ov;
         }
         __syncthreads(); // buffer b is restaged next round
     }
 #pragma unroll
     for (int i = 0; i < KPT; i++) Sg[(int64_t)(g * KPT + i) * dv] = S[i];
+}
+typedef void (*gdn_recur_fn)(const float *, int64_t, int64_t, int, int, int, const float *, const float *, float *, float *,
+                             int);
+// The instance for key dim dk and rg threads per column (4, 8 or 16; fewer where dk/rg < 4 or
+// the block would hold more columns than dv has), and its grid. nullptr for an unbuilt dk.
+static inline gdn_recur_fn gdn_recur_kernel(int dk, int rg, int Hv, int dv, dim3 *grid) {
+    while (rg > 4 && (dk / rg < 4 || dv % (128 / rg) != 0)) rg /= 2;
+    if (rg != 4 && rg != 8 && rg != 16) rg = 4;
+    *grid = dim3((unsigned)Hv, (unsigned)(dv / (128 / rg)));
+#define GDN_RECUR_RG(DK) (rg == 16 ? (gdn_recur_fn)k_gdn_recur<DK, 16> : rg == 8 ? (gdn_recur_fn)k_gdn_recur<DK, 8> : (gdn_recur_fn)k_gdn_recur<DK, 4>)
+    switch (dk) {
+    case 32: return rg == 8 ? (gdn_recur_fn)k_gdn_recur<32, 8> : (gdn_recur_fn)k_gdn_recur<32, 4>;
+    case 64: return GDN_RECUR_RG(64);
+    case 128: return GDN_RECUR_RG(128);
+    case 256: return GDN_RECUR_RG(256);
+    default: return nullptr;
+    }
+#undef GDN_RECUR_RG
 }
 
 // Decode (one token): v-head j's state columns split over a cluster of
