@@ -6,7 +6,8 @@
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
 #   ab: the default build and one per ';'-separated set of nvcc flags in $AB_FLAGS, decode at 4k/32k side by side
 #       (twice, alternating; AB_LENS, AB_STEPS; AB_PROFILE=1: the default build's prefill phases; AB_KTESTS:
-#       kernel tests of the default build to run, e.g. "test_gdn test_matmul"),
+#       kernel tests of the default build to run, e.g. "test_gdn test_matmul"; AB_FULL=1: its full-size check;
+#       AB_TREES: other source trees to build and bench beside it, e.g. an older commit's `git archive`; AB_ROUNDS),
 #       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
 #       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck; AB_TESTS=1: the second build's
 #       test_matmul and its 4-layer and full-size whole-model checks, for a change of numerics)
@@ -115,8 +116,12 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         make -j"$NPROC" WERROR= BUILD=$b NVEXTRA="$f" $b/lilac \
             ${AB_TESTS:+$b/cuda-tests/test_cuda $b/cuda-tests/test_matmul} > "$LOGS/$b.log" 2>&1 &
     done
+    for t in ${AB_TREES:-}; do  # other source trees (e.g. an older commit from git archive), built as they are
+        ABS+=("$t/build"); echo "$t/build: $(cat "$t/COMMIT" 2>/dev/null)"
+        make -C "$t" -j"$NPROC" WERROR= build/lilac > "$LOGS/tree-$(basename "$t").log" 2>&1 &
+    done
     wait
-    for b in build "${ABS[@]}"; do [ -x $b/lilac ] || { tail -20 "$LOGS/$b.log" "$LOGS/build.log"; exit 1; }; done
+    for b in build "${ABS[@]}"; do [ -x $b/lilac ] || { tail -20 "$LOGS/$(basename $b).log" "$LOGS/build.log"; exit 1; }; done
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. test_gdn test_matmul)
@@ -139,8 +144,11 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     fi
     grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
+    [ -n "${AB_FULL:-}" ] && { ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size.log" 2>&1 || rc=1
+        grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" | cut -c1-160; }
     if [ -n "${AB_TESTS:-}" ]; then  # each other build's numerics: the GEMV/GEMM test, 4-layer and full-size models
         for b in "${ABS[@]}"; do
+            [ -x "$b/cuda-tests/test_cuda" ] || continue
             echo "== $b"
             ./$b/cuda-tests/test_matmul --quick > "$OUT/$b-test_matmul.log" 2>&1 || rc=1
             ./$b/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/$b-test-real-dims.log" 2>&1 || rc=1
@@ -153,11 +161,11 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             --decode-steps 4 > "$OUT/profile-prefill.log" 2>&1
         python3 tools/device/prefill_phases.py < "$OUT/profile-prefill.log"
     fi
-    for r in 1 2; do
+    for r in $(seq "${AB_ROUNDS:-2}"); do
         for b in build "${ABS[@]}"; do
             for v in ${AB_ENVS:-X=0}; do
                 echo "$b $v"
-                env $v ./$b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
+                env $v $b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
                     --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ "
             done
         done

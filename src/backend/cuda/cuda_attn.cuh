@@ -78,7 +78,6 @@ struct geom {
     static_assert((BN * KCPR) % NT == 0 && (BM * QCPR) % NT == 0, "chunking");
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
@@ -88,18 +87,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
 
 // D += A(16x16, row) * B(16x8, col), bf16 in, f32 accumulate.
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -144,7 +131,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
     uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
     // K tile buffers [NB][BN][LDS], then V tile buffers [NB][BN][LDS] (bf16, as cached)
-    const uint32_t sKt = fa::smem_u32(fa_smem + 2 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
+    const uint32_t sKt = smem_u32(fa_smem + 2 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (T + BM - 1) / BM;
@@ -203,7 +190,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     const int q_off = (wr + (lane & 15)) * LDS + (lane >> 4) * 8;                  // A: rows, k
     const int k_off = ((lane & 7) + ((lane >> 4) << 3)) * LDS + ((lane >> 3) & 1) * 8; // B from K rows
     const int v_off = (lane & 15) * LDS + (lane >> 4) * 8;                         // B from V (trans)
-    const uint32_t sQh = fa::smem_u32(Qh) + 2u * q_off, sQl = fa::smem_u32(Ql) + 2u * q_off;
+    const uint32_t sQh = smem_u32(Qh) + 2u * q_off, sQl = smem_u32(Ql) + 2u * q_off;
     const uint32_t sK = sKt + 2u * k_off, sV = sVt + 2u * v_off;
 
     const int g = lane >> 2, tq = lane & 3;
@@ -231,12 +218,12 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             uint32_t qh[4], ql[4];
-            fa::ldsm_x4(qh, sQh + 2u * (kk * 16));
-            fa::ldsm_x4(ql, sQl + 2u * (kk * 16));
+            ldsm_x4(qh, sQh + 2u * (kk * 16));
+            ldsm_x4(ql, sQl + 2u * (kk * 16));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t kf[4];
-                fa::ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
+                ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
                 fa::mma2(sa[kk & 1][2 * np], qh, ql, kf[0], kf[1]);
                 fa::mma2(sa[kk & 1][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
@@ -305,7 +292,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t vf[4];
-                fa::ldsm_x4_t(vf, sVj + 2u * (ks * 16 * LDS + dp * 16));
+                ldsm_x4_t(vf, sVj + 2u * (ks * 16 * LDS + dp * 16));
                 fa::mma2(o[2 * dp], ph, pl, vf[0], vf[1]);
                 fa::mma2(o[2 * dp + 1], ph, pl, vf[2], vf[3]);
             }

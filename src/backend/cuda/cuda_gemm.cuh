@@ -103,6 +103,13 @@ __device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, u
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// The same with C = 0 (d is written, not read: no zeroed accumulators to set up).
+__device__ __forceinline__ void imma_s8_z(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
 
 // Fragment register a_j (two codes) of a packed word as an exact bf16x2.
 __device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) {
@@ -279,6 +286,8 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
     };
 
     const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    // I8: this lane's ldmatrix row (token wn + 8 (lane/16) + lane%8, half (lane/8)%2 of 8 words) in stage 0's pieces
+    const uint32_t xq_lane = smem_u32(&st[0].xq[0][0]) + 4u * (uint32_t)((wn + (lane >> 4) * 8 + (lane & 7)) * G4_QLDW + ((lane >> 3) & 1) * 4);
     float acc[2][4][4];
 #pragma unroll
     for (int a = 0; a < 2; a++)
@@ -330,13 +339,8 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
         const g4_stage<BITS> &S = st[kt % G4_STAGES];
         if constexpr (I8) {
             // D = ((Sqa * 128 + Sqb) * 128 + Sqc) per (row, token): exact s32 (see the header)
-            int d[2][4][4];
-#pragma unroll
-            for (int a = 0; a < 2; a++)
-#pragma unroll
-                for (int b = 0; b < 4; b++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) d[a][b][c] = 0;
+            int d[2][4][4]; // written by the first piece's first MMAs (C = 0)
+            const uint32_t xq_st = xq_lane + (uint32_t)((kt % G4_STAGES) * sizeof(g4_stage<BITS>));
             uint4 pw[2];
             pw[0] = *(const uint4 *)&S.q[((wm / 16) * 32 + lane) * 4];
             pw[1] = *(const uint4 *)&S.q[((wm / 16 + 1) * 32 + lane) * 4];
@@ -353,35 +357,44 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                 }
 #pragma unroll
                 for (int h = 0; h < 2; h++) { // columns 32h .. 32h + 31: packed words 2h, 2h + 1
+                    // B fragments by ldmatrix: token rows are 16-byte matrix rows (words 8h + t,
+                    // 8h + 4 + t of token g); one x4 serves two 8-token tiles
                     uint32_t bq[4][2];
 #pragma unroll
-                    for (int nt = 0; nt < 4; nt++) {
-                        const uint32_t *row = &S.xq[pc][(wn + nt * 8 + g) * G4_QLDW];
-                        bq[nt][0] = row[8 * h + t];
-                        bq[nt][1] = row[8 * h + 4 + t];
+                    for (int p = 0; p < 2; p++) {
+                        uint32_t r4[4];
+                        ldsm_x4(r4, xq_st + 4u * (uint32_t)(pc * G4_BN * G4_QLDW + p * 16 * G4_QLDW + 8 * h));
+                        bq[2 * p][0] = r4[0];
+                        bq[2 * p][1] = r4[1];
+                        bq[2 * p + 1][0] = r4[2];
+                        bq[2 * p + 1][1] = r4[3];
                     }
 #pragma unroll
                     for (int mt = 0; mt < 2; mt++) {
                         const uint32_t w0 = h ? pw[mt].z : pw[mt].x, w1 = h ? pw[mt].w : pw[mt].y;
 #pragma unroll
                         for (int nt = 0; nt < 4; nt++)
-                            imma_s8(d[mt][nt], w0 & M, (w0 >> 4) & M, w1 & M, (w1 >> 4) & M, bq[nt][0], bq[nt][1]);
+                            if (pc == 0 && h == 0) imma_s8_z(d[mt][nt], w0 & M, (w0 >> 4) & M, w1 & M, (w1 >> 4) & M, bq[nt][0], bq[nt][1]);
+                            else imma_s8(d[mt][nt], w0 & M, (w0 >> 4) & M, w1 & M, (w1 >> 4) & M, bq[nt][0], bq[nt][1]);
                     }
                 }
             }
-            // fold the group: acc += s * sigma * D / 128^(NP-1) + b * xs
+            // fold the group: acc += (s sigma / 128^(NP-1)) D + b xs, two FMAs per element
             constexpr float DN = G4_NP == 3 ? 1.0f / 16384.0f : 1.0f / 128.0f;
+            float sd[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) sd[i] = sc[i] * DN;
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 const int n0 = wn + nt * 8 + 2 * t;
-                const float x0 = S.xs[n0], x1 = S.xs[n0 + 1], g0 = S.sg[n0] * DN, g1 = S.sg[n0 + 1] * DN;
+                const float2 xx = *(const float2 *)&S.xs[n0], gg = *(const float2 *)&S.sg[n0];
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
-                    const float s0 = sc[mt * 2], b0 = bi[mt * 2], s1 = sc[mt * 2 + 1], b1 = bi[mt * 2 + 1];
-                    acc[mt][nt][0] += s0 * ((float)d[mt][nt][0] * g0) + b0 * x0;
-                    acc[mt][nt][1] += s0 * ((float)d[mt][nt][1] * g1) + b0 * x1;
-                    acc[mt][nt][2] += s1 * ((float)d[mt][nt][2] * g0) + b1 * x0;
-                    acc[mt][nt][3] += s1 * ((float)d[mt][nt][3] * g1) + b1 * x1;
+                    const float s0 = sd[mt * 2], b0 = bi[mt * 2], s1 = sd[mt * 2 + 1], b1 = bi[mt * 2 + 1];
+                    acc[mt][nt][0] = fmaf((float)d[mt][nt][0], s0 * gg.x, fmaf(b0, xx.x, acc[mt][nt][0]));
+                    acc[mt][nt][1] = fmaf((float)d[mt][nt][1], s0 * gg.y, fmaf(b0, xx.y, acc[mt][nt][1]));
+                    acc[mt][nt][2] = fmaf((float)d[mt][nt][2], s1 * gg.x, fmaf(b1, xx.x, acc[mt][nt][2]));
+                    acc[mt][nt][3] = fmaf((float)d[mt][nt][3], s1 * gg.y, fmaf(b1, xx.y, acc[mt][nt][3]));
                 }
             }
         } else {

@@ -465,14 +465,14 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 // The f32 delta-rule recurrence over a prefill chunk. Block = 4 warps = 128/RG
 // value columns of one v-head (grid: v-heads x dv*RG/128). Warp lane = column *
 // RG + g: the thread keeps keys [g*KPT, (g+1)*KPT) (KPT = DK/RG) of its column
-// of the state S[dk][dv] in registers, so a step is three register dot products
-// and two log2(RG)-step shuffle reductions. The chain is serial in the tokens,
-// so the kernel is bound by each token's dependent latency: more threads per
-// column (RG 8 or 16 instead of 4) make each chain shorter and put 2-4x more
-// warps on every SM to hide it. q and k are read as float4 from shared memory,
-// each key group padded by 4 floats so that the groups a warp reads at once sit
-// in different banks. q, k, v, decay and beta of TS tokens at a time are staged
-// with cp.async, double-buffered.
+// of the state S[dk][dv] in registers. The chain is serial in the tokens, so
+// the kernel's time is T times one token's dependent latency, whatever the
+// number of warps (RG 8 and 16 with the old loop were 2% and 7% slower than 4:
+// docs/perf.md, run 69): a token is one pass over S (update, o_t, and the next
+// token's S.k) and one set of shuffle rounds for two values. q and k are read
+// as float4 from shared memory, each key group padded by 4 floats so that the
+// groups a warp reads at once sit in different banks. q, k, v, decay and beta
+// of TS tokens at a time are staged with cp.async, double-buffered.
 template <int DK, int RG> struct gdn_recur_geom {
     static const int KPT = DK / RG, CW = 128 / RG, KLD = DK + 4 * RG;
     static const int TS = KLD > 160 ? 8 : 16; // tokens per staging buffer (static shared memory < 48 KB)
@@ -517,6 +517,18 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
         }
         cp_async_commit();
     };
+    // Token t's steps: r = S.k_t (reduced over the column's RG threads), d = (v - a r) beta,
+    // S = a S + k_t d, o_t = S.q_t. The next token's r = S.k_{t+1} is accumulated in the same
+    // pass over S as o_t and reduced beside it, so each token costs one pass and one set of
+    // shuffle rounds on the dependent chain; the next token's operands are loaded into
+    // registers a token ahead. A staging buffer's first r is computed on its own.
+    auto reduce2 = [&](float &x, float &y) {
+#pragma unroll
+        for (int off = 1; off < RG; off <<= 1) {
+            x += __shfl_xor_sync(0xffffffffu, x, off);
+            y += __shfl_xor_sync(0xffffffffu, y, off);
+        }
+    };
     if (T > 0) stage(0, 0);
     for (int t0 = 0, b = 0; t0 < T; t0 += TS, b ^= 1) {
         if (t0 + TS < T) {
@@ -527,39 +539,64 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
         }
         __syncthreads();
         const int n = min(TS, T - t0);
-        for (int tt = 0; tt < n; tt++) {
-            const float4 *q = (const float4 *)(qs[b][tt] + g * (KPT + 4)), *k = (const float4 *)(ks[b][tt] + g * (KPT + 4));
-            const float a = as[b][tt], bt = bs[b][tt], v = vs[b][tt][col];
-            float r4[4] = {0.f, 0.f, 0.f, 0.f};
+        float4 kc[KPT / 4], qc[KPT / 4];
+#pragma unroll
+        for (int i = 0; i < KPT / 4; i++) {
+            kc[i] = ((const float4 *)(ks[b][0] + g * (KPT + 4)))[i];
+            qc[i] = ((const float4 *)(qs[b][0] + g * (KPT + 4)))[i];
+        }
+        float a = as[b][0], bt = bs[b][0], v = vs[b][0][col], r;
+        {
+            float r4[4] = {0.f, 0.f, 0.f, 0.f}, z = 0.f;
 #pragma unroll
             for (int i = 0; i < KPT / 4; i++) {
-                const float4 kk = k[i];
-                r4[0] += S[4 * i] * kk.x;
-                r4[1] += S[4 * i + 1] * kk.y;
-                r4[2] += S[4 * i + 2] * kk.z;
-                r4[3] += S[4 * i + 3] * kk.w;
+                r4[0] += S[4 * i] * kc[i].x;
+                r4[1] += S[4 * i + 1] * kc[i].y;
+                r4[2] += S[4 * i + 2] * kc[i].z;
+                r4[3] += S[4 * i + 3] * kc[i].w;
             }
-            float r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
-#pragma unroll
-            for (int off = 1; off < RG; off <<= 1) r += __shfl_xor_sync(0xffffffffu, r, off);
-            const float d = (v - a * r) * bt;
-            float o4[4] = {0.f, 0.f, 0.f, 0.f};
+            r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
+            reduce2(r, z);
+        }
+#pragma unroll 2
+        for (int tt = 0; tt < n; tt++) {
+            const int tn = min(tt + 1, n - 1); // past the buffer's end: loaded, used for nothing
+            float4 kn[KPT / 4], qn[KPT / 4];
 #pragma unroll
             for (int i = 0; i < KPT / 4; i++) {
-                const float4 kk = k[i], qq = q[i];
-                S[4 * i] = a * S[4 * i] + kk.x * d;
-                S[4 * i + 1] = a * S[4 * i + 1] + kk.y * d;
-                S[4 * i + 2] = a * S[4 * i + 2] + kk.z * d;
-                S[4 * i + 3] = a * S[4 * i + 3] + kk.w * d;
-                o4[0] += S[4 * i] * qq.x;
-                o4[1] += S[4 * i + 1] * qq.y;
-                o4[2] += S[4 * i + 2] * qq.z;
-                o4[3] += S[4 * i + 3] * qq.w;
+                kn[i] = ((const float4 *)(ks[b][tn] + g * (KPT + 4)))[i];
+                qn[i] = ((const float4 *)(qs[b][tn] + g * (KPT + 4)))[i];
+            }
+            const float an = as[b][tn], btn = bs[b][tn], vn = vs[b][tn][col];
+            const float d = (v - a * r) * bt;
+            float o4[4] = {0.f, 0.f, 0.f, 0.f}, r4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int i = 0; i < KPT / 4; i++) {
+                S[4 * i] = a * S[4 * i] + kc[i].x * d;
+                S[4 * i + 1] = a * S[4 * i + 1] + kc[i].y * d;
+                S[4 * i + 2] = a * S[4 * i + 2] + kc[i].z * d;
+                S[4 * i + 3] = a * S[4 * i + 3] + kc[i].w * d;
+                o4[0] += S[4 * i] * qc[i].x;
+                o4[1] += S[4 * i + 1] * qc[i].y;
+                o4[2] += S[4 * i + 2] * qc[i].z;
+                o4[3] += S[4 * i + 3] * qc[i].w;
+                r4[0] += S[4 * i] * kn[i].x;
+                r4[1] += S[4 * i + 1] * kn[i].y;
+                r4[2] += S[4 * i + 2] * kn[i].z;
+                r4[3] += S[4 * i + 3] * kn[i].w;
             }
             float ov = (o4[0] + o4[1]) + (o4[2] + o4[3]);
-#pragma unroll
-            for (int off = 1; off < RG; off <<= 1) ov += __shfl_xor_sync(0xffffffffu, ov, off);
+            r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
+            reduce2(ov, r);
             if (g == 0) o[(int64_t)(t0 + tt) * VD + (int64_t)j * dv + m] = ov;
+#pragma unroll
+            for (int i = 0; i < KPT / 4; i++) {
+                kc[i] = kn[i];
+                qc[i] = qn[i];
+            }
+            a = an;
+            bt = btn;
+            v = vn;
         }
         __syncthreads(); // buffer b is restaged next round
     }
