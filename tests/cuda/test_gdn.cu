@@ -3,7 +3,7 @@
 // build/cuda-tests/test_gdn [--quick]; no model needed).
 //
 // Both paths of gdn_layer (cuda_backend.cu), launched exactly as it launches them:
-//   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk, rg> -> k_gated_norm (rg = 4, 8, 16)
+//   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk, rg, c> -> k_gated_norm (several rg, c)
 //   decode (one token): k_gdn_step<dk/GDN_G, 4>, when gdn_step_threads(dv) > 0 (else the
 //                       prefill path with T = 1, as gdn_layer does)
 // on random inputs at the model's shape (Hk = 16 q/k heads, Hv = 32 v-heads, dk = dv
@@ -259,12 +259,13 @@ static void launch_prep(const geo &G, gpu_bufs &d, int T) {
                            d.beta.p, d.decay.p);
     CKL();
 }
-// k_gdn_recur<dk, rg> as gdn_layer picks it (gdn_recur_kernel: rg threads per state column, 4 warps a
-// block); then k_gated_norm, one warp per (token, v-head). Every case runs at each rg (4, 8, 16).
-static int recur_rg = 4;
+// k_gdn_recur<dk, rg, c> as gdn_layer picks it (gdn_recur_kernel: rg threads per state column, c
+// columns per thread, 4 warps a block); then k_gated_norm, one warp per (token, v-head). Every case
+// runs at each (rg, c) of main's list.
+static int recur_rg = 4, recur_c = 1;
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     dim3 g;
-    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, recur_rg, G.Hv, G.dv, &g);
+    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, recur_rg, recur_c, G.Hv, G.dv, &g);
     if (!recur) { fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2); }
     recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
     CKL();
@@ -308,7 +309,7 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
     const size_t nconv = (size_t)((KC - 1) * CD), nS = (size_t)G.Hv * G.dk * G.dv;
     int N = 0, Tmax = 1;
     // e.g. "Hk=16 Hv=32 dk=128 dv=128 p0=64 [P17 D D]": P = prefill chain, D = decode step
-    std::string label = "rg=" + std::to_string(recur_rg) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
+    std::string label = "rg=" + std::to_string(recur_rg) + " c=" + std::to_string(recur_c) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
                         " dv=" + std::to_string(G.dv) + " p0=" + std::to_string(p0) + " [";
     for (size_t i = 0; i < segs.size(); i++) {
         label += i ? " " : "";
@@ -496,10 +497,12 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, quick ? "  --quick: T = 2048 skipped" : "");
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
-    for (int rg : {4, 8, 16}) {
-        recur_rg = rg;
+    const int shapes[][2] = {{8, 2}, {4, 1}, {8, 1}, {16, 2}};
+    for (int si = 0; si < 4; si++) {
+        recur_rg = shapes[si][0];
+        recur_c = shapes[si][1];
         TEST(test_real_prefill);
-        if (rg == 4) TEST(test_real_decode); // the decode kernel does not depend on rg
+        if (si == 0) TEST(test_real_decode); // the decode kernel does not depend on rg, c
         TEST(test_real_chunks);
         TEST(test_small_shapes);
     }

@@ -647,7 +647,7 @@ static void test_moe_fused(void) {
     moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
-// The prefill GEMM's bar: 1e-4; with two int8 pieces (G4_I8=2, the default: 2^-14 of each group's largest value) 5e-4.
+// The prefill GEMM's bar: 1e-4; with two int8 pieces (-DG4_I8=2: 2^-14 of each group's largest value) 5e-4.
 static const double GEMM_BAR = G4_NP == 2 ? 5e-4 : BAR;
 
 // amp > 0: every third input row scaled by amp (rows of very different size in one launch).

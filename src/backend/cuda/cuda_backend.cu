@@ -333,7 +333,7 @@ struct lilac_session {
     int moe_nsg;       // k_moe_split's shared units' groups (0: k_moe_fused instead; LILAC_MOE_SPLIT=0 or it does not fit)
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
-    int gdn_rg;      // k_gdn_recur's threads per state column (LILAC_GDN_RG: 4, 8 or 16)
+    int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -655,8 +655,10 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
     s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
     if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
-    s->gdn_rg = 4;
+    s->gdn_rg = 8; // docs/perf.md, run 71
+    s->gdn_c = 2;
     if (const char *e = getenv("LILAC_GDN_RG")) if (*e) s->gdn_rg = atoi(e);
+    if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
                     (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
@@ -941,7 +943,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         CKL();
         prof_mark(s, PH_GDN_CONV);
         dim3 g;
-        const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, s->gdn_rg, Hv, c->lin_v_dim, &g);
+        const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, s->gdn_rg, s->gdn_c, Hv, c->lin_v_dim, &g);
         pdl_launch(s, recur, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, s->decay,
                    s->ssm[(size_t)l], s->o, T);
         CKL();

@@ -473,32 +473,34 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 // as float4 from shared memory, each key group padded by 4 floats so that the
 // groups a warp reads at once sit in different banks. q, k, v, decay and beta
 // of TS tokens at a time are staged with cp.async, double-buffered.
-template <int DK, int RG> struct gdn_recur_geom {
-    static const int KPT = DK / RG, CW = 128 / RG, KLD = DK + 4 * RG;
+template <int DK, int RG, int C> struct gdn_recur_geom {
+    static const int KPT = DK / RG, CW = 128 / RG * C, KLD = DK + 4 * RG; // CW: value columns per block
     static const int TS = KLD > 160 ? 8 : 16; // tokens per staging buffer (static shared memory < 48 KB)
     static_assert(KPT >= 4 && KPT % 4 == 0 && 32 % RG == 0, "k_gdn_recur shape");
 };
-template <int DK, int RG>
+template <int DK, int RG, int C>
 __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, int dv,
                                                    const float *beta, const float *decay, float *ssm, float *o, int T) {
-    typedef gdn_recur_geom<DK, RG> GM;
-    constexpr int KPT = GM::KPT, TS = GM::TS, KLD = GM::KLD, CW = GM::CW; // group g at g*(KPT+4)
+    typedef gdn_recur_geom<DK, RG, C> GM;
+    constexpr int KPT = GM::KPT, TS = GM::TS, KLD = GM::KLD, CW = GM::CW, CS = 128 / RG; // group g at g*(KPT+4)
     __shared__ __align__(16) float qs[2][TS][KLD], ks[2][TS][KLD], vs[2][TS][CW], as[2][TS], bs[2][TS];
     pdl_wait();
     const int j = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane % RG;
-    const int col = warp * (32 / RG) + lane / RG, m = blockIdx.y * CW + col;
+    const int col = warp * (32 / RG) + lane / RG, m = blockIdx.y * CW + col; // columns m + c*CS, c < C
     const int hk = j / (Hv / Hk);
     const int64_t VD = (int64_t)Hv * dv;
-    float S[KPT];
+    float S[C][KPT];
     float *Sg = ssm + (int64_t)j * DK * dv + m;
 #pragma unroll
-    for (int i = 0; i < KPT; i++) S[i] = Sg[(int64_t)(g * KPT + i) * dv];
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < KPT; i++) S[c][i] = Sg[(int64_t)(g * KPT + i) * dv + c * CS];
     auto stage = [&](int t0, int b) {
         const int n = min(TS, T - t0);
         // q and k rows: DK/4 16-byte chunks each; v: CW/4 chunks
         const int per_tok = DK / 2 + CW / 4;
-        for (int c = tid; c < n * per_tok; c += 128) {
-            const int tt = c / per_tok, r = c % per_tok;
+        for (int cc = tid; cc < n * per_tok; cc += 128) {
+            const int tt = cc / per_tok, r = cc % per_tok;
             const float *row = conv_out + (int64_t)(t0 + tt) * CD;
             float *dst;
             const float *src;
@@ -510,24 +512,23 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
             else { dst = &vs[b][tt][4 * (r - DK / 2)]; src = row + 2 * KD + (int64_t)j * dv + blockIdx.y * CW + 4 * (r - DK / 2); }
             cp_async16(dst, src, true);
         }
-        for (int c = tid; c < 2 * n; c += 128) {
-            const int tt = c >> 1;
-            if (c & 1) cp_async4(&bs[b][tt], beta + (int64_t)(t0 + tt) * Hv + j, true);
+        for (int cc = tid; cc < 2 * n; cc += 128) {
+            const int tt = cc >> 1;
+            if (cc & 1) cp_async4(&bs[b][tt], beta + (int64_t)(t0 + tt) * Hv + j, true);
             else cp_async4(&as[b][tt], decay + (int64_t)(t0 + tt) * Hv + j, true);
         }
         cp_async_commit();
     };
-    // Token t's steps: r = S.k_t (reduced over the column's RG threads), d = (v - a r) beta,
-    // S = a S + k_t d, o_t = S.q_t. The next token's r = S.k_{t+1} is accumulated in the same
-    // pass over S as o_t and reduced beside it, so each token costs one pass and one set of
-    // shuffle rounds on the dependent chain; the next token's operands are loaded into
-    // registers a token ahead. A staging buffer's first r is computed on its own.
-    auto reduce2 = [&](float &x, float &y) {
+    // Token t's steps, per column: r = S.k_t (reduced over the column's RG threads), d = (v - a r)
+    // beta, S = a S + k_t d, o_t = S.q_t. The next token's r = S.k_{t+1} is accumulated in the same
+    // pass over S as o_t and reduced beside it; the next token's operands are loaded into registers
+    // a token ahead, and each k/q load serves the thread's C columns. A staging buffer's first r is
+    // computed on its own.
+    auto reduce = [&](float (&x)[2 * C]) {
 #pragma unroll
-        for (int off = 1; off < RG; off <<= 1) {
-            x += __shfl_xor_sync(0xffffffffu, x, off);
-            y += __shfl_xor_sync(0xffffffffu, y, off);
-        }
+        for (int off = 1; off < RG; off <<= 1)
+#pragma unroll
+            for (int c = 0; c < 2 * C; c++) x[c] += __shfl_xor_sync(0xffffffffu, x[c], off);
     };
     if (T > 0) stage(0, 0);
     for (int t0 = 0, b = 0; t0 < T; t0 += TS, b ^= 1) {
@@ -545,18 +546,27 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
             kc[i] = ((const float4 *)(ks[b][0] + g * (KPT + 4)))[i];
             qc[i] = ((const float4 *)(qs[b][0] + g * (KPT + 4)))[i];
         }
-        float a = as[b][0], bt = bs[b][0], v = vs[b][0][col], r;
-        {
-            float r4[4] = {0.f, 0.f, 0.f, 0.f}, z = 0.f;
+        float a = as[b][0], bt = bs[b][0], v[C], r[C];
 #pragma unroll
-            for (int i = 0; i < KPT / 4; i++) {
-                r4[0] += S[4 * i] * kc[i].x;
-                r4[1] += S[4 * i + 1] * kc[i].y;
-                r4[2] += S[4 * i + 2] * kc[i].z;
-                r4[3] += S[4 * i + 3] * kc[i].w;
+        for (int c = 0; c < C; c++) v[c] = vs[b][0][col + c * CS];
+        {
+            float x[2 * C];
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                float r4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int i = 0; i < KPT / 4; i++) {
+                    r4[0] += S[c][4 * i] * kc[i].x;
+                    r4[1] += S[c][4 * i + 1] * kc[i].y;
+                    r4[2] += S[c][4 * i + 2] * kc[i].z;
+                    r4[3] += S[c][4 * i + 3] * kc[i].w;
+                }
+                x[c] = (r4[0] + r4[1]) + (r4[2] + r4[3]);
+                x[C + c] = 0.f;
             }
-            r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
-            reduce2(r, z);
+            reduce(x);
+#pragma unroll
+            for (int c = 0; c < C; c++) r[c] = x[c];
         }
 #pragma unroll 2
         for (int tt = 0; tt < n; tt++) {
@@ -567,59 +577,81 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
                 kn[i] = ((const float4 *)(ks[b][tn] + g * (KPT + 4)))[i];
                 qn[i] = ((const float4 *)(qs[b][tn] + g * (KPT + 4)))[i];
             }
-            const float an = as[b][tn], btn = bs[b][tn], vn = vs[b][tn][col];
-            const float d = (v - a * r) * bt;
-            float o4[4] = {0.f, 0.f, 0.f, 0.f}, r4[4] = {0.f, 0.f, 0.f, 0.f};
+            const float an = as[b][tn], btn = bs[b][tn];
+            float vn[C], x[2 * C];
 #pragma unroll
-            for (int i = 0; i < KPT / 4; i++) {
-                S[4 * i] = a * S[4 * i] + kc[i].x * d;
-                S[4 * i + 1] = a * S[4 * i + 1] + kc[i].y * d;
-                S[4 * i + 2] = a * S[4 * i + 2] + kc[i].z * d;
-                S[4 * i + 3] = a * S[4 * i + 3] + kc[i].w * d;
-                o4[0] += S[4 * i] * qc[i].x;
-                o4[1] += S[4 * i + 1] * qc[i].y;
-                o4[2] += S[4 * i + 2] * qc[i].z;
-                o4[3] += S[4 * i + 3] * qc[i].w;
-                r4[0] += S[4 * i] * kn[i].x;
-                r4[1] += S[4 * i + 1] * kn[i].y;
-                r4[2] += S[4 * i + 2] * kn[i].z;
-                r4[3] += S[4 * i + 3] * kn[i].w;
+            for (int c = 0; c < C; c++) {
+                vn[c] = vs[b][tn][col + c * CS];
+                const float d = (v[c] - a * r[c]) * bt;
+                float o4[4] = {0.f, 0.f, 0.f, 0.f}, r4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int i = 0; i < KPT / 4; i++) {
+                    float *Sc = &S[c][4 * i];
+                    Sc[0] = a * Sc[0] + kc[i].x * d;
+                    Sc[1] = a * Sc[1] + kc[i].y * d;
+                    Sc[2] = a * Sc[2] + kc[i].z * d;
+                    Sc[3] = a * Sc[3] + kc[i].w * d;
+                    o4[0] += Sc[0] * qc[i].x;
+                    o4[1] += Sc[1] * qc[i].y;
+                    o4[2] += Sc[2] * qc[i].z;
+                    o4[3] += Sc[3] * qc[i].w;
+                    r4[0] += Sc[0] * kn[i].x;
+                    r4[1] += Sc[1] * kn[i].y;
+                    r4[2] += Sc[2] * kn[i].z;
+                    r4[3] += Sc[3] * kn[i].w;
+                }
+                x[c] = (o4[0] + o4[1]) + (o4[2] + o4[3]);
+                x[C + c] = (r4[0] + r4[1]) + (r4[2] + r4[3]);
             }
-            float ov = (o4[0] + o4[1]) + (o4[2] + o4[3]);
-            r = (r4[0] + r4[1]) + (r4[2] + r4[3]);
-            reduce2(ov, r);
-            if (g == 0) o[(int64_t)(t0 + tt) * VD + (int64_t)j * dv + m] = ov;
+            reduce(x);
+            if (g == 0)
+#pragma unroll
+                for (int c = 0; c < C; c++) o[(int64_t)(t0 + tt) * VD + (int64_t)j * dv + m + c * CS] = x[c];
 #pragma unroll
             for (int i = 0; i < KPT / 4; i++) {
                 kc[i] = kn[i];
                 qc[i] = qn[i];
             }
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                r[c] = x[C + c];
+                v[c] = vn[c];
+            }
             a = an;
             bt = btn;
-            v = vn;
         }
         __syncthreads(); // buffer b is restaged next round
     }
 #pragma unroll
-    for (int i = 0; i < KPT; i++) Sg[(int64_t)(g * KPT + i) * dv] = S[i];
+    for (int c = 0; c < C; c++)
+#pragma unroll
+        for (int i = 0; i < KPT; i++) Sg[(int64_t)(g * KPT + i) * dv + c * CS] = S[c][i];
 }
 typedef void (*gdn_recur_fn)(const float *, int64_t, int64_t, int, int, int, const float *, const float *, float *, float *,
                              int);
-// The instance for key dim dk and rg threads per column (4, 8 or 16; fewer where dk/rg < 4 or
-// the block would hold more columns than dv has), and its grid. nullptr for an unbuilt dk.
-static inline gdn_recur_fn gdn_recur_kernel(int dk, int rg, int Hv, int dv, dim3 *grid) {
-    while (rg > 4 && (dk / rg < 4 || dv % (128 / rg) != 0)) rg /= 2;
+// The instance for key dim dk, rg threads per column (4, 8 or 16) and c columns per thread (1 or
+// 2), lowered where dk/rg < 4 or the block would hold more columns than dv has, and its grid.
+// nullptr for an unbuilt dk.
+static inline gdn_recur_fn gdn_recur_kernel(int dk, int rg, int c, int Hv, int dv, dim3 *grid) {
     if (rg != 4 && rg != 8 && rg != 16) rg = 4;
-    *grid = dim3((unsigned)Hv, (unsigned)(dv / (128 / rg)));
-#define GDN_RECUR_RG(DK) (rg == 16 ? (gdn_recur_fn)k_gdn_recur<DK, 16> : rg == 8 ? (gdn_recur_fn)k_gdn_recur<DK, 8> : (gdn_recur_fn)k_gdn_recur<DK, 4>)
+    c = c == 2 ? 2 : 1;
+    while (rg > 4 && dk / rg < 4) rg /= 2;
+    while (dv % (128 / rg * c) != 0 && (c > 1 || rg > 4)) {
+        if (c > 1) c = 1;
+        else rg /= 2;
+    }
+    *grid = dim3((unsigned)Hv, (unsigned)(dv / (128 / rg * c)));
+#define GDN_RECUR_C(DK, RG) (c == 2 ? (gdn_recur_fn)k_gdn_recur<DK, RG, 2> : (gdn_recur_fn)k_gdn_recur<DK, RG, 1>)
+#define GDN_RECUR_RG(DK) (rg == 16 ? GDN_RECUR_C(DK, 16) : rg == 8 ? GDN_RECUR_C(DK, 8) : GDN_RECUR_C(DK, 4))
     switch (dk) {
-    case 32: return rg == 8 ? (gdn_recur_fn)k_gdn_recur<32, 8> : (gdn_recur_fn)k_gdn_recur<32, 4>;
+    case 32: return rg == 8 ? GDN_RECUR_C(32, 8) : GDN_RECUR_C(32, 4);
     case 64: return GDN_RECUR_RG(64);
     case 128: return GDN_RECUR_RG(128);
     case 256: return GDN_RECUR_RG(256);
     default: return nullptr;
     }
 #undef GDN_RECUR_RG
+#undef GDN_RECUR_C
 }
 
 // Decode (one token): v-head j's state columns split over a cluster of
