@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../backend/backend.h"
 #include "../cli/commands.h"
@@ -50,9 +51,10 @@ static uint64_t fnv1a(const int32_t *ids, int n) {
 }
 
 /* Bytes one decode step must read at context `ctx`: every non-expert matrix,
- * top_k experts per layer, one embedding row, the KV cache (f32), the GDN state
- * (read + write). FLOPs per prefill token: 2 per active weight + attention. */
-static void per_token_cost(const lilac_model *m, int64_t ctx, double *bytes, double *flops) {
+ * top_k experts per layer, one embedding row, the KV cache (kvb bytes an element:
+ * bf16 on the GPU, f32 on the CPU), the GDN state (read + write). FLOPs per prefill
+ * token: 2 per active weight + attention. */
+static void per_token_cost(const lilac_model *m, int64_t ctx, double kvb, double *bytes, double *flops) {
     const lilac_config *c = &m->cfg;
     double b = lilac_mat_bytes(&m->lm_head) + (double)lilac_mat_bytes(&m->embed) / (double)c->vocab, f = 2.0 * (double)c->vocab * c->hidden;
     for (int l = 0; l < c->n_layers; l++) {
@@ -69,7 +71,7 @@ static void per_token_cost(const lilac_model *m, int64_t ctx, double *bytes, dou
         b += ex * c->top_k;
         f += 2.0 * c->top_k * 3.0 * (double)c->moe_inter * (double)c->hidden;
         if (y->is_full) {
-            b += 2.0 * 4.0 * (double)ctx * c->n_kv_heads * c->head_dim;
+            b += 2.0 * kvb * (double)ctx * c->n_kv_heads * c->head_dim;
             f += 4.0 * (double)ctx / 2 * c->n_heads * c->head_dim; /* average causal length ctx/2 */
         } else {
             b += 2.0 * 4.0 * (double)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
@@ -157,7 +159,7 @@ int cmd_bench(int argc, char **argv) {
         double sp_pre = spread(pre, (int)rounds), sp_dec = spread(dec, (int)rounds);
         double mp = median(pre, (int)rounds), md = median(dec, (int)rounds);
         double bytes, flops;
-        per_token_cost(&m, L, &bytes, &flops);
+        per_token_cost(&m, L, strcmp(be->name, "cuda") ? 4.0 : 2.0, &bytes, &flops);
         double frac_bw = bw > 0 ? md * bytes / (bw / 2.0) : 0; /* copy counts read+write: one-way = bw/2 */
         /* time to first token: the prompt's forward, its last logits on the host and their argmax (what a
          * client waits for before the first token, less tokenizing and HTTP) */
