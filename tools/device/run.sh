@@ -151,9 +151,12 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             [ -x "$b/cuda-tests/test_cuda" ] || continue
             echo "== $b"
             ./$b/cuda-tests/test_matmul --quick > "$OUT/$b-test_matmul.log" 2>&1 || rc=1
+            # the tiny oracle too: run 68 left it out, and two int8 pieces failed it (runs 69-70)
+            [ -d .devdata/tiny ] && { ./$b/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/$b-test-tiny.log" 2>&1 || rc=1; }
             ./$b/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/$b-test-real-dims.log" 2>&1 || rc=1
             ./$b/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/$b-test-full-size.log" 2>&1 || rc=1
-            grep -h -E "FAIL|CHECK|passed, .* failed|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/$b-test*.log | cut -c1-160
+            for f in "$OUT"/$b-test*.log; do echo "$(basename "$f" .log): $(grep -h -E "passed, .* failed" "$f" | tail -n 1)"; done
+            grep -h -E "FAIL|CHECK|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/$b-test*.log | cut -c1-160
         done
     fi
     if [ -n "${AB_PROFILE:-}" ]; then  # where the default build's prefill goes, phase by phase
