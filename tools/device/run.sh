@@ -97,7 +97,7 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     model_checks
-    grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
+    grep -H -E "time decode|splits|FAIL|passed" "$OUT"/test*.log | sed "s|^$OUT/||"
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     for a in ${PROBE_ABLATE:-comb attn gdn inproj outproj router moe}; do
@@ -142,7 +142,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             tail -n 4 "$OUT/test-hf.log"
         fi
     fi
-    grep -h -E "time decode|splits|FAIL|passed" "$OUT"/test*.log
+    grep -H -E "time decode|splits|FAIL|passed" "$OUT"/test*.log | sed "s|^$OUT/||"
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
     [ -n "${AB_FULL:-}" ] && { ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size.log" 2>&1 || rc=1
         grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" | cut -c1-160; }
