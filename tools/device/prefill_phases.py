@@ -4,7 +4,10 @@ per forward call: "profile T=2048: 151.4 ms: embed+norms 1.044 gdn-proj 37.07 ..
 over the prefill chunks (T > 1) of each prompt, and print one table row per
 prompt: ms per phase and its share. Reads the lines on stdin."""
 import re
+import signal
 import sys
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
 
 runs, cur = [], None
 for line in sys.stdin:
