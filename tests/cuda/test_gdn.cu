@@ -265,7 +265,8 @@ static void launch_prep(const geo &G, gpu_bufs &d, int T) {
 static int recur_rg = 4, recur_c = 1;
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     dim3 g;
-    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, recur_rg, recur_c, G.Hv, G.dv, &g);
+    int rg = recur_rg, c = recur_c; // as gdn_layer: the requested shape, lowered where it does not fit
+    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, rg, c, G.Hv, G.dv, &g);
     if (!recur) { fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2); }
     recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
     CKL();
@@ -309,7 +310,12 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
     const size_t nconv = (size_t)((KC - 1) * CD), nS = (size_t)G.Hv * G.dk * G.dv;
     int N = 0, Tmax = 1;
     // e.g. "Hk=16 Hv=32 dk=128 dv=128 p0=64 [P17 D D]": P = prefill chain, D = decode step
-    std::string label = "rg=" + std::to_string(recur_rg) + " c=" + std::to_string(recur_c) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
+    int erg = recur_rg, ec = recur_c; // the shape k_gdn_recur runs at for this geometry
+    {
+        dim3 g;
+        gdn_recur_kernel(G.dk, erg, ec, G.Hv, G.dv, &g);
+    }
+    std::string label = "rg=" + std::to_string(erg) + " c=" + std::to_string(ec) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
                         " dv=" + std::to_string(G.dv) + " p0=" + std::to_string(p0) + " [";
     for (size_t i = 0; i < segs.size(); i++) {
         label += i ? " " : "";
@@ -497,8 +503,8 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, quick ? "  --quick: T = 2048 skipped" : "");
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
-    const int shapes[][2] = {{8, 2}, {4, 1}, {8, 1}, {16, 2}};
-    for (int si = 0; si < 4; si++) {
+    const int shapes[][2] = {{8, 2}, {4, 1}, {8, 1}, {16, 2}, {16, 1}};
+    for (int si = 0; si < 5; si++) {
         recur_rg = shapes[si][0];
         recur_c = shapes[si][1];
         TEST(test_real_prefill);

@@ -4,13 +4,14 @@
 # the benchmarks. Everything it prints last is the summary table.
 #
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
-#   ab: the default build and one per ';'-separated set of nvcc flags in $AB_FLAGS, decode at 4k/32k side by side
-#       (twice, alternating; AB_LENS, AB_STEPS; AB_PROFILE=1: the default build's prefill phases; AB_KTESTS:
-#       kernel tests of the default build to run, e.g. "test_gdn test_matmul"; AB_FULL=1: its full-size check;
-#       AB_TREES: other source trees to build and bench beside it, e.g. an older commit's `git archive`; AB_ROUNDS),
-#       each under the environments $AB_ENVS; the attention test and whole-model checks of the default build
-#       (AB_CHECKS=1: also the persistent kernel, HF on the tiny model and memcheck; AB_TESTS=1: the second build's
-#       test_matmul and its 4-layer and full-size whole-model checks, for a change of numerics)
+#   ab: the default build, one per ';'-separated set of nvcc flags in $AB_FLAGS and one per source tree in
+#       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
+#       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
+#       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
+#       "test_gdn test_matmul"), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
+#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's test_matmul,
+#       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
+#       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
 #          left out in turn (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
@@ -41,7 +42,9 @@ pack() {
     exit $rc
 }
 trap pack EXIT
-trap "exit 143" TERM INT  # a time limit still brings back the logs
+# a time limit still brings back the logs: stop the background jobs (builds) first, then pack
+trap 'kill $(jobs -p) 2>/dev/null; exit 143' TERM
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT
 . tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
@@ -107,21 +110,34 @@ if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what 
     exit $rc
 fi
 if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and one per ';'-separated $AB_FLAGS set
+    # every build in the background, each with its log; any failed make stops the call (a binary left
+    # from an earlier call must not be benched under a new label)
+    ABS=(); ABLOG=(); PIDS=(); i=0
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn \
         $(for t in ${AB_KTESTS:-}; do echo build/cuda-tests/$t; done) > "$LOGS/build.log" 2>&1 &
-    ABS=(); i=0
+    PIDS+=($!)
     IFS=';' read -r -a ABF <<< "${AB_FLAGS:-}"
     for f in "${ABF[@]}"; do
-        i=$((i + 1)); b=build-ab$i; ABS+=("$b"); echo "$b: $f"
+        i=$((i + 1)); b=build-ab$i; ABS+=("$b"); ABLOG+=("$LOGS/$b.log"); echo "$b: $f"
+        # the Makefile does not track NVEXTRA: a directory built with other flags is rebuilt from scratch
+        [ "$(cat "$b/.nvextra" 2>/dev/null)" = "$f" ] || rm -rf "$b"
+        mkdir -p "$b" && printf '%s' "$f" > "$b/.nvextra"
         make -j"$NPROC" WERROR= BUILD=$b NVEXTRA="$f" $b/lilac \
             ${AB_TESTS:+$b/cuda-tests/test_cuda $b/cuda-tests/test_matmul} > "$LOGS/$b.log" 2>&1 &
+        PIDS+=($!)
     done
+    i=0
     for t in ${AB_TREES:-}; do  # other source trees (e.g. an older commit from git archive), built as they are
-        ABS+=("$t/build"); echo "$t/build: $(cat "$t/COMMIT" 2>/dev/null)"
-        make -C "$t" -j"$NPROC" WERROR= build/lilac > "$LOGS/tree-$(basename "$t").log" 2>&1 &
+        i=$((i + 1)); ABS+=("$t/build"); ABLOG+=("$LOGS/tree$i.log"); echo "$t/build (tree$i): $(cat "$t/COMMIT" 2>/dev/null)"
+        make -C "$t" -j"$NPROC" WERROR= build/lilac > "$LOGS/tree$i.log" 2>&1 &
+        PIDS+=($!)
     done
-    wait
-    for b in build "${ABS[@]}"; do [ -x $b/lilac ] || { tail -20 "$LOGS/$(basename $b).log" "$LOGS/build.log"; exit 1; }; done
+    bad=0
+    for p in "${PIDS[@]}"; do wait "$p" || bad=1; done
+    if [ "$bad" -ne 0 ]; then
+        for l in "$LOGS/build.log" "${ABLOG[@]}"; do echo "== $l"; tail -n 15 "$l"; done
+        exit 1
+    fi
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. test_gdn test_matmul)

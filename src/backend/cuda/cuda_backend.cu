@@ -788,7 +788,8 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
     return j;
 }
 
-// The split (bf16 hi/lo + group sums) of `rows` input rows for the 4-bit GEMM.
+// The split of `rows` input rows for the prefill GEMMs (k_split_x): bf16 hi/lo and group sums for the
+// 8-bit path, and the int8 pieces and sigma per group for the 4-bit one (G4_I8).
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
@@ -943,7 +944,8 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         CKL();
         prof_mark(s, PH_GDN_CONV);
         dim3 g;
-        const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, s->gdn_rg, s->gdn_c, Hv, c->lin_v_dim, &g);
+        int rg = s->gdn_rg, cc = s->gdn_c;
+        const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, rg, cc, Hv, c->lin_v_dim, &g);
         pdl_launch(s, recur, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, s->decay,
                    s->ssm[(size_t)l], s->o, T);
         CKL();

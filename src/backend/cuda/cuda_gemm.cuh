@@ -243,8 +243,10 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
     const int64_t K = W.cols, wpr = K * BITS / 32, ng = K / 64;
     const int nk = (int)(K / G4_BK);
 
-    // One stage: 128 rows x 32 B of codes (a 16-byte chunk per thread), 64 rows
-    // x 128 B of xh and of xl (4 chunks per thread), 64 group sums.
+    // One stage: 128 rows x 32 B of codes (a 16-byte chunk per thread); the input's
+    // 64 rows as G4_NP int8 pieces of 64 B (one chunk per thread each) and 64 sigmas
+    // (4-bit, G4_I8), or as xh and xl of 128 B each (4 chunks per thread; 8-bit);
+    // 64 group sums.
     auto load_stage = [&](int kt, int sidx) {
         g4_stage<BITS> &S = st[sidx];
         if (BITS == 4) { // packed (cuda_packed.cuh): 8 row blocks x 512 B, one 16-byte chunk per thread

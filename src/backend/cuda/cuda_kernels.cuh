@@ -629,17 +629,17 @@ __global__ void __launch_bounds__(128) k_gdn_recur(const float *conv_out, int64_
 }
 typedef void (*gdn_recur_fn)(const float *, int64_t, int64_t, int, int, int, const float *, const float *, float *, float *,
                              int);
-// The instance for key dim dk, rg threads per column (4, 8 or 16) and c columns per thread (1 or
-// 2), lowered where dk/rg < 4 or the block would hold more columns than dv has, and its grid.
-// nullptr for an unbuilt dk.
-static inline gdn_recur_fn gdn_recur_kernel(int dk, int rg, int c, int Hv, int dv, dim3 *grid) {
+// The instance for key dim dk, rg threads per column (4, 8 or 16; others: 4) and c columns per
+// thread (1 or 2; others: 1), and its grid; rg and c come back as used. rg is lowered while dk/rg <
+// 4; c = 2 only where a thread's state stays within 32 registers (dk/rg <= 16: <256, 4, 2> spills);
+// where the block's 128/rg*c columns do not divide dv, the (4, 1) shape (dv % 32 == 0, which the
+// backend requires). nullptr for an unbuilt dk.
+static inline gdn_recur_fn gdn_recur_kernel(int dk, int &rg, int &c, int Hv, int dv, dim3 *grid) {
     if (rg != 4 && rg != 8 && rg != 16) rg = 4;
     c = c == 2 ? 2 : 1;
     while (rg > 4 && dk / rg < 4) rg /= 2;
-    while (dv % (128 / rg * c) != 0 && (c > 1 || rg > 4)) {
-        if (c > 1) c = 1;
-        else rg /= 2;
-    }
+    if (dk / rg > 16) c = 1;
+    if (dv % (128 / rg * c) != 0) rg = 4, c = 1;
     *grid = dim3((unsigned)Hv, (unsigned)(dv / (128 / rg * c)));
 #define GDN_RECUR_C(DK, RG) (c == 2 ? (gdn_recur_fn)k_gdn_recur<DK, RG, 2> : (gdn_recur_fn)k_gdn_recur<DK, RG, 1>)
 #define GDN_RECUR_RG(DK) (rg == 16 ? GDN_RECUR_C(DK, 16) : rg == 8 ? GDN_RECUR_C(DK, 8) : GDN_RECUR_C(DK, 4))
