@@ -96,6 +96,8 @@ typedef struct {
     /* The worst regret since route_replay, and (differ non-NULL) how many replayed rows differed from the
      * backend's own top-k as a set. */
     double (*route_regret)(const lilac_session *s, int64_t *differ);
+    /* Bytes of one cached K or V element (f32 on the CPU, bf16 on the GPU): `lilac bench`'s decode roofline. */
+    int kv_bytes;
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

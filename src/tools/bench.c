@@ -51,8 +51,8 @@ static uint64_t fnv1a(const int32_t *ids, int n) {
 }
 
 /* Bytes one decode step must read at context `ctx`: every non-expert matrix,
- * top_k experts per layer, one embedding row, the KV cache (kvb bytes an element:
- * bf16 on the GPU, f32 on the CPU), the GDN state (read + write). FLOPs per prefill
+ * top_k experts per layer, one embedding row, the KV cache (kvb bytes an element: the
+ * backend's kv_bytes), the GDN state (read + write). FLOPs per prefill
  * token: 2 per active weight + attention. */
 static void per_token_cost(const lilac_model *m, int64_t ctx, double kvb, double *bytes, double *flops) {
     const lilac_config *c = &m->cfg;
@@ -159,7 +159,7 @@ int cmd_bench(int argc, char **argv) {
         double sp_pre = spread(pre, (int)rounds), sp_dec = spread(dec, (int)rounds);
         double mp = median(pre, (int)rounds), md = median(dec, (int)rounds);
         double bytes, flops;
-        per_token_cost(&m, L, strcmp(be->name, "cuda") ? 4.0 : 2.0, &bytes, &flops);
+        per_token_cost(&m, L, (double)be->kv_bytes, &bytes, &flops);
         double frac_bw = bw > 0 ? md * bytes / (bw / 2.0) : 0; /* copy counts read+write: one-way = bw/2 */
         /* time to first token: the prompt's forward, its last logits on the host and their argmax (what a
          * client waits for before the first token, less tokenizing and HTTP) */

@@ -42,8 +42,15 @@ def test_bench_json_and_digest(tiny, tmp_path):
     rep = json.loads(out.read_text())
     assert rep["backend"] == "cpu" and rep["decode_steps"] == steps and rep["rounds"] == 2
     assert [r["prompt_len"] for r in rep["results"]] == lens
-    V = json.loads((tiny / "config.json").read_text()).get("text_config", {}).get("vocab_size") or \
-        json.loads((tiny / "config.json").read_text())["vocab_size"]
+    cfg = json.loads((tiny / "config.json").read_text())
+    tc = cfg.get("text_config", cfg)
+    V = tc.get("vocab_size") or cfg["vocab_size"]
+    # the decode roofline's bytes grow with the context by the KV cache alone: K and V of every full-attention
+    # layer, 4 bytes an element on the CPU (f32 cache), counted from the checkpoint's config
+    n_full = sum(1 for t in tc["layer_types"] if t == "full_attention")
+    kv_per_pos = 2 * 4 * n_full * tc["num_key_value_heads"] * tc["head_dim"]
+    b = [r["decode_bytes_per_token"] for r in rep["results"]]
+    assert b[1] - b[0] == pytest.approx(kv_per_pos * (lens[1] - lens[0]), rel=1e-6)
     for r in rep["results"]:
         L = r["prompt_len"]
         assert r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0

@@ -651,8 +651,6 @@ static void test_moe_fused(void) {
     moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
-// The prefill GEMM's bar: 1e-4; with two int8 pieces (-DG4_I8=2: 2^-14 of each group's largest value) 5e-4.
-static const double GEMM_BAR = G4_NP == 2 ? 5e-4 : BAR;
 
 // amp > 0: every third input row scaled by amp (rows of very different size in one launch).
 static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
@@ -665,8 +663,8 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
     dx.put(x);
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
     dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64));
-    dbuf<int8_t> xq((size_t)(3 * T * C)); // the pieces (read by the 4-bit GEMM unless -DG4_I8=0)
-    int8_t *xqp = G4_NP ? xq.p : nullptr;
+    dbuf<int8_t> xq((size_t)(G4_NP * T * C)); // the pieces (read by the 4-bit GEMM)
+    int8_t *xqp = xq.p;
     if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
     else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
     CKL();
@@ -714,7 +712,7 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
         }
         printf("  gemm_q<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s%s rel err %.2e\n", ms[i]->bits, (long long)T, i, n,
                (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ", amp > 0.0f ? " x1e5 rows" : "", e);
-        CHECKF(e <= GEMM_BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
+        CHECKF(e <= BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
         delete dy[(size_t)i];
     }
 }

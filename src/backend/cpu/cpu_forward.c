@@ -603,4 +603,5 @@ const lilac_backend lilac_backend_cpu = {
     .route_record = cpu_route_record,
     .route_replay = cpu_route_replay,
     .route_regret = cpu_route_regret,
+    .kv_bytes = 4, /* f32 (set_kv_bf16 rounds the values, the cache stays f32) */
 };

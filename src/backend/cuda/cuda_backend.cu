@@ -314,7 +314,7 @@ struct lilac_session {
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
-    int8_t *xq;        // G4_I8: the input's int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
+    int8_t *xq;        // the 4-bit GEMMs' input as int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
     float *xsig;
     int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
@@ -701,11 +701,10 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
         w = std::max(w, K * c->moe_inter);
-        s->xq_plane = G4_NP ? C * w : 0;
+        s->xq_plane = C * w;
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
-             (G4_NP == 0 || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
-                             dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
+             dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 && dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0 &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
              dalloc(s, &s->tail_done, (size_t)c->n_layers, err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
@@ -789,7 +788,7 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
 }
 
 // The split of `rows` input rows for the prefill GEMMs (k_split_x): bf16 hi/lo and group sums for the
-// 8-bit path, and the int8 pieces and sigma per group for the 4-bit one (G4_I8).
+// 8-bit path, and the int8 pieces and sigma per group for the 4-bit one.
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
@@ -1575,6 +1574,7 @@ extern "C" const lilac_backend lilac_backend_cuda = {
     cuda_route_record,
     nullptr, // route_replay: the CPU reference replays, this backend records
     nullptr, // route_regret
+    2,       // kv_bytes: bf16
 };
 
 // ---------------------------------------------------------------- measurements for bench

@@ -1,38 +1,33 @@
 // cuda_gemm.cuh — prefill matrix products on the tensor cores for 4-bit MLX
 // weights (affine, group 64), dequantised inside the GEMM, never to memory.
 //
-// Why "q-space": an affine group is w = s*q + b with q an integer 0..15, so
+// Why "q-space": an affine group is w = s*q + b with q an integer, so
 //   sum_k w[m][k] x[n][k] = s[m] * sum_k q[m][k] x[n][k] + b[m] * sum_k x[n][k]
-// within a group of 64 columns. 8-bit matrices (and 4-bit ones with -DG4_I8=0):
-// the codes q are exact in bf16, so the tensor
-// cores take them as they are; the activations are split x = xh + xl (two bf16
-// parts, ~16 significant bits) and multiplied in two MMAs. Per group, the f32
-// partial is scaled by s and the bias term b * xs (xs = f32 group sum of x) is
-// added. The product stays within ~1e-5 of f32 math — what the CPU reference
-// and the decode GEMV compute — for two MMAs per product instead of the three
-// a split weight would need.
+// within a group of 64 columns: the tensor cores multiply the codes themselves,
+// and per group the partial is scaled by s in f32 and the bias term b * xs (xs =
+// f32 group sum of x) is added.
+//
+// 4-bit matrices (every matrix but the router gates): the integer tensor cores
+// (mma m16n8k32 s8), as the decode GEMV computes them. The input comes as three
+// int8 pieces per 64-column group,
+//   x ~ sigma_G (a + b/128 + c/16384),  sigma_G = max|x| / 127  (i8_pieces),
+// the codes (0..15) as they are, and per group one exact s32 sum D = (Sqa*128 +
+// Sqb)*128 + Sqc (at most 2.01e9), so Sqx = sigma D / 16384: 48 MMAs per group and
+// warp, one mask per four codes. Each value within 2^-21 of its group's largest:
+// the full-size synth stays ~1e-3 off the f32 reference, as the bf16 split below
+// did (+6.5% prefill). Two pieces (2^-14) measured +21% but failed the tiny oracle
+// model (2-6e-2) and flipped near-tied logits of the full-size synth (docs/perf.md,
+// runs 68-70).
+//
+// 8-bit matrices (codes to 255 would overflow the s32 sum): the codes are exact in
+// bf16; the activations are split x = xh + xl (two bf16 parts, ~16 significant
+// bits) and multiplied in two MMAs (mma.sync m16n8k16), within ~1e-5 of f32 math.
 //
 // Tiles: 128 weight rows x 64 tokens x 64 columns (one group), 8 warps (4 x 2,
-// each 32 x 32), mma.sync m16n8k16; codes, xh/xl tiles and group sums flow
-// through a 3-stage cp.async pipeline. 4-bit codes come in the fragment order
-// of cuda_packed.cuh (one conflict-free 16-byte read per lane and row block, a
-// shift, a mask and a subtraction per fragment register); 8-bit codes in the
-// MLX layout. B fragments come from ldmatrix.
-//
-// 4-bit products on the integer tensor cores (mma m16n8k32 s8, twice the bf16
-// rate), as the decode GEMV computes them: the input as G4_I8 int8 pieces per
-// 64-column group,
-//   x ~ sigma_G (a + b/128 [+ c/16384]),  sigma_G = max|x| / 127,
-// the codes (0..15) as they are, and per group one s32 sum D = (Sqa*128 + Sqb)
-// [*128 + Sqc] (at most 2.01e9 for three pieces: exact), so Sqx = sigma D / 128^(G4_I8-1).
-// Per group and warp 16 MMAs per piece (48 or 32) against 64 bf16 ones, and one
-// mask per four codes in place of three operations per two. Three pieces (the
-// default) resolve 2^-21 of the group's largest value: the full-size synth
-// stays ~1e-3 off the f32 reference, as with the bf16 split, for +6.5% prefill.
-// Two pieces (-DG4_I8=2, 2^-14) gave +21% but 2.5e-3 on the full-size synth,
-// argmax flips at its near-tied logits and 2-6e-2 on the tiny oracle model: too
-// coarse for the tests' bars (docs/perf.md, runs 68-70). -DG4_I8=0 builds the
-// bf16 split above. 8-bit matrices keep the bf16 path (codes to 255 would overflow).
+// each 32 x 32); codes, the input tiles and group sums flow through a 3-stage
+// cp.async pipeline. 4-bit codes come in the fragment order of cuda_packed.cuh
+// (one conflict-free 16-byte read per lane and row block; masked, a word is an s8
+// A fragment); 8-bit codes in the MLX layout. B fragments come from ldmatrix.
 #pragma once
 #include "cuda_common.cuh"
 
@@ -44,11 +39,7 @@
 #endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_MATS 4
-#ifndef G4_I8
-#define G4_I8 3
-#endif
-#define G4_NP G4_I8
-static_assert(G4_NP == 0 || G4_NP == 2 || G4_NP == 3, "the bf16 split, or two or three int8 pieces");
+#define G4_NP 3     // int8 pieces of a 4-bit GEMM's input
 #define G4_QLDW 20 // 4-byte words per token row of one piece in shared memory (16 used; 20: conflict-free)
 // Where column c (0..63) of a group goes in the piece layout: within each block of
 // 16 columns, thread t's fragment word holds columns 2t, 2t+8, 2t+1, 2t+9 (see
@@ -58,17 +49,28 @@ __host__ __device__ inline int g4_qpos(int c) {
     return (c & ~15) + 4 * ((b & 7) >> 1) + 2 * (b & 1) + (b >> 3);
 }
 
+// An input value over its group's sigma (u = x / sigma, |u| <= 127) as three int8 pieces,
+// u ~ a + b/128 + c/16384: the integer-tensor-core input of the decode GEMV (pk_stage4)
+// and of the prefill GEMM (k_split_x). |b| <= 64 for a finite u; a NaN gives -127 and two
+// NaN pieces that the int8 conversion turns into 0 (the group sum carries the NaN).
+__device__ __forceinline__ void i8_pieces(float u, float &a, float &b, float &c) {
+    a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
+    const float r = (u - a) * 128.0f;
+    b = rintf(r);
+    c = fminf(fmaxf(rintf((r - b) * 128.0f), -127.0f), 127.0f);
+}
+
 // u32 words per code row in shared memory: 8 (4-bit) or 16 (8-bit) used, padded
 // so that the 8 rows a fragment load touches fall in distinct banks.
 template <int BITS> struct g4_geom { static const int QW = 2 * BITS, QLD = BITS == 4 ? 12 : 20; };
-template <int BITS> struct g4_i8 { static const bool on = BITS == 4 && G4_NP > 0; };
+template <int BITS> struct g4_i8 { static const bool on = BITS == 4; }; // the int8 path
 template <int BITS>
 struct g4_stage {
     uint32_t q[G4_BM * g4_geom<BITS>::QLD];
     __nv_bfloat16 xh[g4_i8<BITS>::on ? 8 : G4_BN * G4_XLD], xl[g4_i8<BITS>::on ? 8 : G4_BN * G4_XLD];
-    uint32_t xq[g4_i8<BITS>::on ? G4_NP : 1][g4_i8<BITS>::on ? G4_BN * G4_QLDW : 4]; // G4_I8: the pieces
+    uint32_t xq[g4_i8<BITS>::on ? G4_NP : 1][g4_i8<BITS>::on ? G4_BN * G4_QLDW : 4]; // 4-bit: the pieces
     float xs[G4_BN];
-    float sg[G4_BN]; // G4_I8: sigma of each token's group
+    float sg[G4_BN]; // 4-bit: sigma of each token's group
 };
 template <int BITS> constexpr size_t g4_smem() { return sizeof(g4_stage<BITS>) * G4_STAGES; }
 
@@ -80,17 +82,10 @@ struct g4_job {
     int64_t ldy[G4_MATS];
     int start[G4_MATS + 1];
     int n;
-    const int8_t *xq;   // G4_I8: the pieces, [piece][row][cols] in the K order of the packed codes (k_split_x)
-    const float *xsig;  // G4_I8: sigma per row and group, [row][cols/64]
+    const int8_t *xq;   // 4-bit: the pieces, [piece][row][cols] in the K order of the packed codes (k_split_x)
+    const float *xsig;  // 4-bit: sigma per row and group, [row][cols/64]
     int64_t xq_plane;   // bytes from one piece's plane to the next
 };
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, const void *p) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(s));
-}
 
 __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -134,7 +129,7 @@ __device__ __forceinline__ uint32_t byte2_bf16(uint32_t w, int h) {
 // Split the GEMM input rows into bf16 hi/lo parts and f32 sums per group of 64.
 // Row r of the input is x + r*ldx (XM_SWIGLU: silu(x[c]) * x[xoff + c]); output
 // row r of xh/xl has `cols` entries, xs has cols/64. Grid: rows; block 256.
-// xq non-null (G4_I8): also the int8 pieces of each group, at g4_qpos, and sigma.
+// xq non-null: also the int8 pieces of each group (the 4-bit GEMM's input), at g4_qpos, and sigma.
 template <int XM>
 __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int64_t xoff, int64_t cols,
                                                  __nv_bfloat16 *xh, __nv_bfloat16 *xl, float *xs, int8_t *xq = nullptr,
@@ -181,13 +176,12 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
                 const int64_t g0 = c & ~(int64_t)63, pl = xq_plane;
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    const float u = e[i] * inv, a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
-                    const float rb = (u - a) * 128.0f, b = fminf(fmaxf(rintf(rb), -127.0f), 127.0f);
-                    const float cc = fminf(fmaxf(rintf((rb - b) * 128.0f), -127.0f), 127.0f);
+                    float a, b, cc;
+                    i8_pieces(e[i] * inv, a, b, cc);
                     const int64_t at = r * cols + g0 + g4_qpos((int)(c - g0) + i);
                     xq[at] = (int8_t)a;
                     xq[pl + at] = (int8_t)b;
-                    if (G4_NP == 3) xq[2 * pl + at] = (int8_t)cc;
+                    xq[2 * pl + at] = (int8_t)cc;
                 }
             }
         }
@@ -245,7 +239,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
 
     // One stage: 128 rows x 32 B of codes (a 16-byte chunk per thread); the input's
     // 64 rows as G4_NP int8 pieces of 64 B (one chunk per thread each) and 64 sigmas
-    // (4-bit, G4_I8), or as xh and xl of 128 B each (4 chunks per thread; 8-bit);
+    // (4-bit), or as xh and xl of 128 B each (4 chunks per thread; 8-bit);
     // 64 group sums.
     auto load_stage = [&](int kt, int sidx) {
         g4_stage<BITS> &S = st[sidx];
@@ -383,8 +377,8 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                     }
                 }
             }
-            // fold the group: acc += (s sigma / 128^(NP-1)) D + b xs, two FMAs per element
-            constexpr float DN = G4_NP == 3 ? 1.0f / 16384.0f : 1.0f / 128.0f;
+            // fold the group: acc += (s sigma / 16384) D + b xs, two FMAs per element
+            constexpr float DN = 1.0f / 16384.0f;
             float sd[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) sd[i] = sc[i] * DN;
@@ -402,6 +396,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                 }
             }
         } else {
+            static_assert(BITS == 8, "the bf16 split serves the 8-bit matrices");
             float p[2][4][4];
 #pragma unroll
             for (int a = 0; a < 2; a++)
@@ -409,37 +404,27 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                 for (int b = 0; b < 4; b++)
 #pragma unroll
                     for (int c = 0; c < 4; c++) p[a][b][c] = 0.0f;
-            uint4 pw[2]; // 4-bit: this lane's packed words of the warp's two row blocks
-            if (BITS == 4) {
-                pw[0] = *(const uint4 *)&S.q[((wm / 16) * 32 + lane) * 4];
-                pw[1] = *(const uint4 *)&S.q[((wm / 16 + 1) * 32 + lane) * 4];
-            }
 #pragma unroll
             for (int ks = 0; ks < 4; ks++) {
                 uint32_t af[2][4];
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < 2; mt++) { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
                     const int r0 = wm + mt * 16 + g;
-                    if (BITS == 4) { // word ks holds the four fragment registers of k-step ks
-                        const uint32_t w = ks == 0 ? pw[mt].x : ks == 1 ? pw[mt].y : ks == 2 ? pw[mt].z : pw[mt].w;
-                        af[mt][0] = pk_frag(w, 0);
-                        af[mt][1] = pk_frag(w, 1);
-                        af[mt][2] = pk_frag(w, 2);
-                        af[mt][3] = pk_frag(w, 3);
-                    } else { // column 16ks + 2t is byte 2(t&1) of word 4ks + t/2
-                        const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
-                        af[mt][0] = byte2_bf16(q0[0], t & 1);
-                        af[mt][1] = byte2_bf16(q1[0], t & 1);
-                        af[mt][2] = byte2_bf16(q0[2], t & 1);
-                        af[mt][3] = byte2_bf16(q1[2], t & 1);
-                    }
+                    const uint32_t *q0 = &S.q[r0 * QLD + 4 * ks + (t >> 1)], *q1 = q0 + 8 * QLD;
+                    af[mt][0] = byte2_bf16(q0[0], t & 1);
+                    af[mt][1] = byte2_bf16(q1[0], t & 1);
+                    af[mt][2] = byte2_bf16(q0[2], t & 1);
+                    af[mt][3] = byte2_bf16(q1[2], t & 1);
                 }
                 uint32_t bh[4][2], bl[4][2];
 #pragma unroll
                 for (int np = 0; np < 2; np++) {
                     const int n = wn + np * 16 + (lane & 7) + ((lane >> 4) << 3), k = ks * 16 + (((lane >> 3) & 1) << 3);
-                    ldmatrix_x4(bh[2 * np][0], bh[2 * np][1], bh[2 * np + 1][0], bh[2 * np + 1][1], &S.xh[n * G4_XLD + k]);
-                    ldmatrix_x4(bl[2 * np][0], bl[2 * np][1], bl[2 * np + 1][0], bl[2 * np + 1][1], &S.xl[n * G4_XLD + k]);
+                    uint32_t bh4[4], bl4[4];
+                    ldsm_x4(bh4, smem_u32(&S.xh[n * G4_XLD + k]));
+                    ldsm_x4(bl4, smem_u32(&S.xl[n * G4_XLD + k]));
+                    bh[2 * np][0] = bh4[0], bh[2 * np][1] = bh4[1], bh[2 * np + 1][0] = bh4[2], bh[2 * np + 1][1] = bh4[3];
+                    bl[2 * np][0] = bl4[0], bl[2 * np][1] = bl4[1], bl[2 * np + 1][0] = bl4[2], bl[2 * np + 1][1] = bl4[3];
                 }
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)

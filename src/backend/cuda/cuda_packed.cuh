@@ -148,9 +148,8 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
     for (int e = 0; e < 4; e++) {
         const int64_t col = 4 * q + e, G = col >> 6, cc = col & 63, ks = cc >> 4, w = cc & 15;
         const int64_t at = ((G * 4) * 4 + ((w & 7) >> 1)) * 16 + ks * 4 + (w & 1) * 2 + (w >> 3); // piece 0
-        const float u = v[e] * inv, a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
-        const float r = (u - a) * 128.0f, b = rintf(r);
-        const float c = fminf(fmaxf(rintf((r - b) * 128.0f), -127.0f), 127.0f);
+        float a, b, c;
+        i8_pieces(v[e] * inv, a, b, c);
         xb[at] = (int8_t)a;
         xb[at + 64] = (int8_t)b;   // piece 1: n + 1 is 4 uint4 = 64 bytes on
         xb[at + 128] = (int8_t)c;
