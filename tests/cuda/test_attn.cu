@@ -165,7 +165,9 @@ static bool run_case(const Case &c, bool timed) {
     // the output (max|ref|) ~1/sqrt(keys): measured 1.5e-4 at 40k keys (2e-5 at 4k).
     // Key-split partials (flash-decoding) would shorten the chains; until then the
     // bar past 32k keys is 5e-4, still 40x inside the model-level 2e-2.
-    const double bar = (size_t)pos + T > 32768 ? 5e-4 : 1e-4;
+    // A build with one bf16 piece of Q and P (-DFA_QP=1) rounds both to 2^-9 relative, as
+    // FlashAttention does on the bf16 model: its bar is 4e-3 (two such roundings).
+    const double bar = lilac_fa::QP == 1 ? 4e-3 : (size_t)pos + T > 32768 ? 5e-4 : 1e-4;
     ok = ok && err <= bar;
     printf("%s nh=%2d nkv=%d hd=%3d T=%4d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, T, pos,
            err);

@@ -59,17 +59,32 @@
 
 namespace lilac_fa {
 
-constexpr int BM = 64;  // queries per block
-constexpr int BN = 32;  // keys per tile
-constexpr int NT = 128; // threads per block (4 warps x 16 query rows)
-constexpr int NB = 3;   // K/V tile buffers: two tiles in flight while one is computed
+// Build-time variants for measurement (run.sh ab): FA_BN keys per tile (64 reads the Q
+// fragments half as often per key), FA_NB tile buffers, FA_QP pieces of Q and P (2: hi +
+// lo, f32-faithful; 1: one bf16 each, as FlashAttention and the bf16 model do).
+#ifndef FA_BN
+#define FA_BN 32
+#endif
+#ifndef FA_NB
+#define FA_NB 3
+#endif
+#ifndef FA_QP
+#define FA_QP 2
+#endif
+constexpr int BM = 64;     // queries per block
+constexpr int BN = FA_BN;  // keys per tile
+constexpr int NT = 128;    // threads per block (4 warps x 16 query rows)
+constexpr int NB = FA_NB;  // K/V tile buffers: NB - 1 tiles in flight while one is computed
+constexpr int QP = FA_QP;  // bf16 pieces of Q and of P
+constexpr int SP = BN >= 64 ? 1 : 2; // S accumulator sets (by k-step parity: independent MMA chains)
+static_assert(NB >= 2 && (QP == 1 || QP == 2) && BN % 16 == 0, "attention variant");
 
 template <int HD>
 struct geom {
     static constexpr int LDS = HD + 8;                      // bf16 per smem row (pad 16 B)
     static constexpr size_t q_bytes = (size_t)BM * LDS * 2; // one of Qh, Ql
     static constexpr size_t t_bytes = (size_t)BN * LDS * 2; // one K or V tile buffer
-    static constexpr size_t smem = 2 * q_bytes + 2 * NB * t_bytes;
+    static constexpr size_t smem = QP * q_bytes + 2 * NB * t_bytes;
     static constexpr int QCPR = HD / 4;                     // Q: 16-byte chunks (4 f32) per row
     static constexpr int KCPR = HD / 8;                     // K/V: 16-byte chunks (8 bf16) per row
     static constexpr int KV_CPT = BN * KCPR / NT;           // K/V chunks per thread and tile
@@ -106,10 +121,10 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t 
     lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
 }
 
-// Split A times an exact B: c += (ah + al) b, the small term first.
+// Split A times an exact B: c += (ah + al) b, the small term first (one piece: ah b).
 __device__ __forceinline__ void mma2(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t b0,
                                      uint32_t b1) {
-    mma16816(c, al, b0, b1);
+    if (QP == 2) mma16816(c, al, b0, b1);
     mma16816(c, ah, b0, b1);
 }
 
@@ -123,15 +138,15 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
                    int nkv, float *out) {
     namespace fa = lilac_fa;
     using G = fa::geom<HD>;
-    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT, NB = fa::NB;
+    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT, NB = fa::NB, QP = fa::QP, SP = fa::SP;
     constexpr int LDS = G::LDS, QCPR = G::QCPR, KCPR = G::KCPR;
     pdl_wait();
 
     extern __shared__ __align__(16) unsigned char fa_smem[];
     uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
-    uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + G::q_bytes);
+    uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + (QP - 1) * G::q_bytes); // (QP 1: unused)
     // K tile buffers [NB][BN][LDS], then V tile buffers [NB][BN][LDS] (bf16, as cached)
-    const uint32_t sKt = smem_u32(fa_smem + 2 * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
+    const uint32_t sKt = smem_u32(fa_smem + QP * G::q_bytes), sVt = sKt + (uint32_t)(NB * G::t_bytes);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (T + BM - 1) / BM;
@@ -162,11 +177,13 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
         fa::cp_async_commit();
     };
 
-    // Two commit groups here and one per tile below, so that tile j's group is
-    // complete when at most the newest one is pending.
-    issue_tile(0, 0);
-    if (ntiles > 1) issue_tile(1, 1);
-    else fa::cp_async_commit();
+    // NB - 1 commit groups here and one per tile below, so that tile j's group is
+    // complete when at most the NB - 2 newest are pending.
+#pragma unroll
+    for (int j = 0; j < NB - 1; j++) {
+        if (j < ntiles) issue_tile(j, j);
+        else fa::cp_async_commit();
+    }
 
     // Q tile: scaled into the log2 domain, split, into shared memory (rows past T: zero).
     {
@@ -181,7 +198,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
             fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
-            *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
+            if (QP == 2) *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
     }
 
@@ -203,36 +220,36 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
     for (int j = 0; j < ntiles; j++) {
-        fa::cp_async_wait<1>(); // this thread's chunks of tile j have landed
-        __syncthreads();        // everyone's (and the Q tile); every warp is done with tile j - 1
-        if (j + 2 < ntiles) issue_tile(j + 2, (j + 2) % NB); // into the buffer tile j - 1 left
-        else fa::cp_async_commit();                           // (an empty group keeps the count)
+        fa::cp_async_wait<NB - 2>(); // this thread's chunks of tile j have landed
+        __syncthreads();             // everyone's (and the Q tile); every warp is done with tile j - 1
+        if (j + NB - 1 < ntiles) issue_tile(j + NB - 1, (j + NB - 1) % NB); // into the buffer tile j - 1 left
+        else fa::cp_async_commit();                                         // (an empty group keeps the count)
         const uint32_t tb = (uint32_t)((j % NB) * G::t_bytes), sKj = sK + tb, sVj = sV + tb;
 
         // ---- S = Q K^T (log2 domain)
-        float sa[2][BN / 8][4];
+        float sa[SP][BN / 8][4];
 #pragma unroll
-        for (int p = 0; p < 2; p++)
+        for (int p = 0; p < SP; p++)
 #pragma unroll
             for (int n = 0; n < BN / 8; n++) sa[p][n][0] = sa[p][n][1] = sa[p][n][2] = sa[p][n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            uint32_t qh[4], ql[4];
+            uint32_t qh[4], ql[4] = {0u, 0u, 0u, 0u};
             ldsm_x4(qh, sQh + 2u * (kk * 16));
-            ldsm_x4(ql, sQl + 2u * (kk * 16));
+            if (QP == 2) ldsm_x4(ql, sQl + 2u * (kk * 16));
 #pragma unroll
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t kf[4];
                 ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
-                fa::mma2(sa[kk & 1][2 * np], qh, ql, kf[0], kf[1]);
-                fa::mma2(sa[kk & 1][2 * np + 1], qh, ql, kf[2], kf[3]);
+                fa::mma2(sa[kk % SP][2 * np], qh, ql, kf[0], kf[1]);
+                fa::mma2(sa[kk % SP][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
         }
         float s[BN / 8][4];
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = sa[0][n][e] + sa[1][n][e];
+            for (int e = 0; e < 4; e++) s[n][e] = SP == 2 ? sa[0][n][e] + sa[SP - 1][n][e] : sa[0][n][e];
 
         // ---- causal mask (only on tiles crossing the diagonal)
         if (j * BN + BN - 1 > diag) {
