@@ -9,7 +9,7 @@
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
 #       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
 #       "test_gdn test_matmul"), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
-#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's test_matmul, test_attn,
+#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's test_matmul, test_attn (AB_BTESTS),
 #       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
 #       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
@@ -166,8 +166,9 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         for b in "${ABS[@]}"; do
             [ -x "$b/cuda-tests/test_cuda" ] || continue
             echo "== $b"
-            ./$b/cuda-tests/test_matmul --quick > "$OUT/$b-test_matmul.log" 2>&1 || rc=1
-            ./$b/cuda-tests/test_attn > "$OUT/$b-test_attn.log" 2>&1 || rc=1
+            for t in ${AB_BTESTS:-test_matmul test_attn}; do  # its kernel tests (AB_BTESTS: which)
+                ./$b/cuda-tests/$t $([ $t = test_matmul ] && echo --quick) > "$OUT/$b-$t.log" 2>&1 || rc=1
+            done
             # the tiny oracle too: run 68 left it out, and two int8 pieces failed it (runs 69-70)
             [ -d .devdata/tiny ] && { ./$b/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/$b-test-tiny.log" 2>&1 || rc=1; }
             ./$b/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/$b-test-real-dims.log" 2>&1 || rc=1
