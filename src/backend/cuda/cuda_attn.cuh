@@ -20,27 +20,32 @@
 // 6.1e-6 at 40,064 (up to 5.9e-6 with the MMA sums rounded term by term). The f32-cache
 // kernel emulated 3-5e-6 and measured 3-7e-6 up to 2,048 keys, 1-2e-5 at 4,096 and
 // 1.5e-4 at 40,064 on the H200, whose MMA accumulation over long key ranges the
-// emulation does not model.
+// emulation does not model. LILAC_ATTN_BF16=1 selects one bf16 piece each of Q and P
+// (FlashAttention's precision; QP = 1 below): half the MMAs and Q's shared reads.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
 //  - Q tile: scaled by log2(e)/sqrt(hd), split into hi/lo bf16, kept in shared memory
 //    (rows padded by 16 B so ldmatrix is bank-conflict free).
-//  - K/V tiles of 32 keys: cp.async of the bf16 cache rows (16 B chunks, zero-filled
-//    past the last key the block needs) straight into the padded tiles ldmatrix reads;
-//    NB = 3 buffers, so tiles j+1 and j+2 are in flight while tile j is computed; one
-//    barrier per tile.
-//  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 2 MMAs per fragment pair, two
-//    accumulator sets (by k-step parity) for more independent MMA chains.
+//  - K/V tiles of BN = 64 keys: cp.async of the bf16 cache rows (16 B chunks,
+//    zero-filled past the last key the block needs) straight into the padded tiles
+//    ldmatrix reads; NB = 2 buffers, so tile j+1 is in flight while tile j is computed;
+//    one barrier per tile. (32 keys and 3 buffers until run 76: each Q fragment read
+//    from shared memory now serves 64 keys, -6% kernel time, 128k prefill +4.4%.)
+//  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 2 MMAs per fragment pair; at 32
+//    keys, two accumulator sets (by k-step parity) for more independent MMA chains.
 //  - online softmax on the S fragments (exp2, quad shuffles), P re-used as the A
 //    operand of P V straight from registers (split hi/lo), V via ldmatrix.trans;
 //    O accumulator 16 x hd per warp in registers (128 f32 for hd 256).
-//  - causal: a block visits only key tiles [0, ceil((pos + last query + 1) / 32));
+//  - causal: a block visits only key tiles [0, ceil((pos + last query + 1) / BN));
 //    the mask is applied only on tiles that cross the diagonal.
 //  - blocks are issued heaviest (latest queries) first; heads sharing a KV head run
 //    side by side and share the K/V tiles through L2 (8 MB of K/V at 4096 keys).
-//  hd 256: 168,960 B of shared memory (1 block / SM), <= 255 registers (no spills).
+//  hd 256: 202,752 B of shared memory (1 block / SM; 135,168 with one piece), 255
+//  registers and a 32-byte spill (none with one piece).
 //
-// Expected time, real case (T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
+// Measured (test_attn, T = 2048, pos = 2048, run 76): 0.821 ms with 32-key tiles, 0.773
+// with 64, 0.605 with 64 and one piece.
+// Expected time (written for 32-key tiles; real case T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
 // useful work, 206 GFLOP of 16-bit MMAs): per block and 32-key tile the SM moves
 // ~224 KB through shared memory (ldmatrix 192 KB + cp.async 32 KB), ~1,750 cycles,
 // while its 1,024 MMAs need ~1,400-1,700; ~376 tiles per SM. The kernel with f32 K/V
@@ -59,27 +64,26 @@
 
 namespace lilac_fa {
 
-// Build-time variants for measurement (run.sh ab): FA_BN keys per tile (64 reads the Q
-// fragments half as often per key), FA_NB tile buffers, FA_QP pieces of Q and P (2: hi +
-// lo, f32-faithful; 1: one bf16 each, as FlashAttention and the bf16 model do).
+// Build-time variants for measurement (run.sh ab): FA_BN keys per tile, FA_NB tile buffers.
+// 64 keys read each Q fragment half as often per key as 32: run 76, 128k prefill +4.4%.
 #ifndef FA_BN
-#define FA_BN 32
+#define FA_BN 64
 #endif
 #ifndef FA_NB
-#define FA_NB 3
-#endif
-#ifndef FA_QP
-#define FA_QP 2
+#define FA_NB 2
 #endif
 constexpr int BM = 64;     // queries per block
 constexpr int BN = FA_BN;  // keys per tile
 constexpr int NT = 128;    // threads per block (4 warps x 16 query rows)
 constexpr int NB = FA_NB;  // K/V tile buffers: NB - 1 tiles in flight while one is computed
-constexpr int QP = FA_QP;  // bf16 pieces of Q and of P
 constexpr int SP = BN >= 64 ? 1 : 2; // S accumulator sets (by k-step parity: independent MMA chains)
-static_assert(NB >= 2 && (QP == 1 || QP == 2) && BN % 16 == 0, "attention variant");
+static_assert(NB >= 2 && BN % 16 == 0, "attention variant");
 
-template <int HD>
+// QP: bf16 pieces of Q and of P (a template argument of the kernel): 2, hi + lo, the
+// f32-faithful default; 1, one bf16 each, as FlashAttention does on the bf16 model
+// (LILAC_ATTN_BF16=1; run 76: 128k prefill +16% over two pieces, max rel err 2.5-2.8e-3 at
+// full size against the f32 reference, 9.5e-4 with two).
+template <int HD, int QP = 2>
 struct geom {
     static constexpr int LDS = HD + 8;                      // bf16 per smem row (pad 16 B)
     static constexpr size_t q_bytes = (size_t)BM * LDS * 2; // one of Qh, Ql
@@ -122,6 +126,7 @@ __device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t 
 }
 
 // Split A times an exact B: c += (ah + al) b, the small term first (one piece: ah b).
+template <int QP>
 __device__ __forceinline__ void mma2(float (&c)[4], const uint32_t (&ah)[4], const uint32_t (&al)[4], uint32_t b0,
                                      uint32_t b1) {
     if (QP == 2) mma16816(c, al, b0, b1);
@@ -131,14 +136,14 @@ __device__ __forceinline__ void mma2(float (&c)[4], const uint32_t (&ah)[4], con
 } // namespace lilac_fa
 
 // Grid: ceil(T / 64) * nh blocks (1-D; heaviest query tiles first), 128 threads,
-// lilac_fa::geom<HD>::smem bytes of dynamic shared memory.
-template <int HD>
+// lilac_fa::geom<HD, QP>::smem bytes of dynamic shared memory.
+template <int HD, int QP>
 __global__ void __launch_bounds__(lilac_fa::NT, 1)
     k_attn_prefill(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const int *d_pos, int T, int nh,
                    int nkv, float *out) {
     namespace fa = lilac_fa;
-    using G = fa::geom<HD>;
-    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT, NB = fa::NB, QP = fa::QP, SP = fa::SP;
+    using G = fa::geom<HD, QP>;
+    constexpr int BM = fa::BM, BN = fa::BN, NT = fa::NT, NB = fa::NB, SP = fa::SP;
     constexpr int LDS = G::LDS, QCPR = G::QCPR, KCPR = G::KCPR;
     pdl_wait();
 
@@ -241,8 +246,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             for (int np = 0; np < BN / 16; np++) {
                 uint32_t kf[4];
                 ldsm_x4(kf, sKj + 2u * (np * 16 * LDS + kk * 16));
-                fa::mma2(sa[kk % SP][2 * np], qh, ql, kf[0], kf[1]);
-                fa::mma2(sa[kk % SP][2 * np + 1], qh, ql, kf[2], kf[3]);
+                fa::mma2<QP>(sa[kk % SP][2 * np], qh, ql, kf[0], kf[1]);
+                fa::mma2<QP>(sa[kk % SP][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
         }
         float s[BN / 8][4];
@@ -310,8 +315,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t vf[4];
                 ldsm_x4_t(vf, sVj + 2u * (ks * 16 * LDS + dp * 16));
-                fa::mma2(o[2 * dp], ph, pl, vf[0], vf[1]);
-                fa::mma2(o[2 * dp + 1], ph, pl, vf[2], vf[3]);
+                fa::mma2<QP>(o[2 * dp], ph, pl, vf[0], vf[1]);
+                fa::mma2<QP>(o[2 * dp + 1], ph, pl, vf[2], vf[3]);
             }
         }
     }
@@ -340,10 +345,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     }
 }
 
-template <int HD>
+template <int HD, int QP>
 static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
                                           const int *d_pos, int T, int nh, int nkv, float *out, cudaStream_t st) {
-    constexpr size_t sm = lilac_fa::geom<HD>::smem;
+    constexpr size_t sm = lilac_fa::geom<HD, QP>::smem;
     // The opt-in above 48 KB, once per device (bit d of the mask).
     static std::atomic<unsigned long long> done{0};
     int dev = 0;
@@ -351,25 +356,31 @@ static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *
     if (e != cudaSuccess) return e;
     const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
     if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
-        e = cudaFuncSetAttribute(k_attn_prefill<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        e = cudaFuncSetAttribute(k_attn_prefill<HD, QP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_relaxed);
     }
     const unsigned blocks = (unsigned)((T + lilac_fa::BM - 1) / lilac_fa::BM) * (unsigned)nh;
-    k_attn_prefill<HD><<<blocks, lilac_fa::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
+    k_attn_prefill<HD, QP><<<blocks, lilac_fa::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
     return cudaGetLastError();
 }
 
 // Causal gated attention of a prefill chunk of T tokens at position *d_pos (see the
-// top of this file). hd 64, 128 or 256; nh a multiple of nkv. No host synchronisation.
+// top of this file). hd 64, 128 or 256; nh a multiple of nkv; qp: pieces of Q and P (2,
+// or 1 for FlashAttention's bf16 precision). No host synchronisation.
 static inline cudaError_t attn_prefill_launch(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
-                                              const int *d_pos, int T, int nh, int nkv, int hd, float *out, cudaStream_t st) {
+                                              const int *d_pos, int T, int nh, int nkv, int hd, float *out, cudaStream_t st,
+                                              int qp = 2) {
     if (T <= 0) return cudaSuccess;
-    if (nh <= 0 || nkv <= 0 || nh % nkv) return cudaErrorInvalidValue;
+    if (nh <= 0 || nkv <= 0 || nh % nkv || (qp != 1 && qp != 2)) return cudaErrorInvalidValue;
+#define LILAC_FA_GO(HD)                                                                                                 \
+    return qp == 1 ? attn_prefill_go<HD, 1>(qg, kc, vc, d_pos, T, nh, nkv, out, st)                                    \
+                   : attn_prefill_go<HD, 2>(qg, kc, vc, d_pos, T, nh, nkv, out, st)
     switch (hd) {
-    case 64: return attn_prefill_go<64>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
-    case 128: return attn_prefill_go<128>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
-    case 256: return attn_prefill_go<256>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
+    case 64: LILAC_FA_GO(64);
+    case 128: LILAC_FA_GO(128);
+    case 256: LILAC_FA_GO(256);
     default: return cudaErrorInvalidValue;
     }
+#undef LILAC_FA_GO
 }

@@ -334,6 +334,7 @@ struct lilac_session {
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
+    int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -659,6 +660,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->gdn_c = 2;
     if (const char *e = getenv("LILAC_GDN_RG")) if (*e) s->gdn_rg = atoi(e);
     if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
+    s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
+    if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
                     (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
@@ -974,7 +977,8 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
         CKL();
     }
     if (T > 1) { // prefill: tensor-core flash attention (cuda_attn.cuh)
-        CK(attn_prefill_launch(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, T, nh, nkv, hd, s->att, s->st));
+        CK(attn_prefill_launch(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, T, nh, nkv, hd, s->att, s->st,
+                               s->attn_qp));
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }
