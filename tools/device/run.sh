@@ -18,6 +18,7 @@
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #
+#   RUN_LIMIT=s: stop (and pack the logs) after s seconds, default 540; 0: no limit
 # Inputs it can use when present (carried by the device tool, git-ignored):
 #   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
 #                   for machines without them (the device image has none)
@@ -34,6 +35,7 @@ LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important one
 # and only the JSON results stay beside it.
 pack() {
     local rc=$?
+    if [ -n "${WATCHDOG:-}" ]; then pkill -P "$WATCHDOG" 2>/dev/null; kill "$WATCHDOG" 2>/dev/null; fi
     if tar czf /tmp/device-logs.tgz -C "$LOGS" . -C "$(cd "$OUT" && pwd)" --exclude=logs.tgz .; then
         find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete && mv /tmp/device-logs.tgz "$OUT/logs.tgz"
     else
@@ -45,6 +47,20 @@ trap pack EXIT
 # a time limit still brings back the logs: stop the background jobs (builds) first, then pack
 trap 'kill $(jobs -p) 2>/dev/null; exit 143' TERM
 trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT
+# The device tool kills a command at its time limit without a signal this script can catch, and
+# then nothing comes back (one call of session 10). So the script stops itself first: after
+# RUN_LIMIT seconds (default 540; the tool's largest limit is 600) it TERMs itself and packs.
+# Run it without a pipe after it (`| tail` holds the output until the end): write to a file.
+# Bash runs a trap only once its foreground command returns, so the watchdog TERMs the script
+# (the trap is then pending), then every process under it, deepest first. (Its output goes to a
+# file, not the tool's pipe, and the script's exit kills it and its sleep.)
+killtree() { local c; for c in $(pgrep -P "$1"); do killtree "$c"; done; kill -TERM "$1" 2>/dev/null; }
+if [ "${RUN_LIMIT:-540}" -gt 0 ]; then
+    ( sleep "${RUN_LIMIT:-540}"; echo "run.sh: RUN_LIMIT ${RUN_LIMIT:-540} s reached, stopped" > "$LOGS/run-limit.log"
+      kill -TERM $$
+      for c in $(pgrep -P $$); do [ "$c" = "$BASHPID" ] || killtree "$c"; done ) > /dev/null 2>&1 &
+    WATCHDOG=$!
+fi
 . tools/device/env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 NPROC=$(nproc)
