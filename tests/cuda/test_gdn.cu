@@ -1,6 +1,11 @@
 // test_gdn.cu — the Gated DeltaNet kernels of src/backend/cuda/cuda_kernels.cuh
 // against plain CPU loops written here, in double (run on the device:
-// build/cuda-tests/test_gdn [--quick]; no model needed).
+// build/cuda-tests/test_gdn [--quick] [--chunk]; no model needed).
+//
+// --chunk: the prefill path through the chunked form instead of k_gdn_recur
+// (cuda_gdn_chunk.cuh, LILAC_GDN_CHUNK=1: k_gdn_chunk_a / k_gdn_chunk_b after
+// k_gdn_prep's log decays), at the real shape, over the chunk boundaries (64 tokens),
+// with the same reference and bars.
 //
 // Both paths of gdn_layer (cuda_backend.cu), launched exactly as it launches them:
 //   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk, rg, c> -> k_gated_norm (several rg, c)
@@ -41,6 +46,7 @@
 #include "../unit/check.h"
 #include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_gdn_chunk.cuh"
 
 static double rnd_u() { return (double)((rnd() >> 11) + 1) * (1.0 / 9007199254740993.0); } // in (0, 1)
 static float rnd_unif(float lo, float hi) { return (float)(lo + (hi - lo) * rnd_u()); }
@@ -237,13 +243,14 @@ static double abs_err(const std::vector<float> &got, const std::vector<double> &
 
 struct gpu_bufs {
     dbuf<float> qkv, z, bb, ba, conv_out, beta, decay, o; // per segment, sized for the longest
+    dbuf<float> lgd, scratch;                             // the chunked form's log decays and scratch
     dbuf<float> conv2, ssm;                               // the layer's state: [2][KC-1][CD], [Hv][dk][dv]
     dbuf<float> convw, A_log, dt_bias, nw;
     dbuf<int> pos; // d_pos: the segment's first position
     gpu_bufs(const geo &G, int Tmax)
         : qkv((size_t)(Tmax * G.CD())), z((size_t)(Tmax * G.VD())), bb((size_t)Tmax * G.Hv), ba((size_t)Tmax * G.Hv),
           conv_out((size_t)(Tmax * G.CD())), beta((size_t)Tmax * G.Hv), decay((size_t)Tmax * G.Hv),
-          o((size_t)(Tmax * G.VD())), conv2((size_t)(2 * (KC - 1) * G.CD())), ssm((size_t)G.Hv * G.dk * G.dv),
+          o((size_t)(Tmax * G.VD())), lgd((size_t)Tmax * G.Hv), scratch(gdn_chunk_scratch(Tmax, G.Hv)), conv2((size_t)(2 * (KC - 1) * G.CD())), ssm((size_t)G.Hv * G.dk * G.dv),
           convw((size_t)(G.CD() * KC)), A_log((size_t)G.Hv), dt_bias((size_t)G.Hv), nw((size_t)G.dv), pos(1) {}
 };
 
@@ -256,14 +263,21 @@ static void launch_conv(const geo &G, gpu_bufs &d, int T) {
 }
 static void launch_prep(const geo &G, gpu_bufs &d, int T) {
     k_gdn_prep<<<T, 256>>>(d.conv_out.p, G.CD(), 2 * G.Hk, G.Hk, G.dk, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, G.Hv,
-                           d.beta.p, d.decay.p);
+                           d.beta.p, d.decay.p, d.lgd.p);
     CKL();
 }
 // k_gdn_recur<dk, rg, c> as gdn_layer picks it (gdn_recur_kernel: rg threads per state column, c
 // columns per thread, 4 warps a block); then k_gated_norm, one warp per (token, v-head). Every case
 // runs at each (rg, c) of main's list.
 static int recur_rg = 4, recur_c = 1;
+static bool use_chunk = false; // --chunk: the chunked form where it serves the shape
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
+    if (use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv)) {
+        CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
+        k_gated_norm<<<dim3((unsigned)T, (unsigned)G.Hv), 32>>>(d.o.p, d.z.p, d.nw.p, G.Hv, G.dv, EPS);
+        CKL();
+        return;
+    }
     dim3 g;
     int rg = recur_rg, c = recur_c; // as gdn_layer: the requested shape, lowered where it does not fit
     const gdn_recur_fn recur = gdn_recur_kernel(G.dk, rg, c, G.Hv, G.dv, &g);
@@ -315,7 +329,9 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
         dim3 g;
         gdn_recur_kernel(G.dk, erg, ec, G.Hv, G.dv, &g);
     }
-    std::string label = "rg=" + std::to_string(erg) + " c=" + std::to_string(ec) + " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
+    std::string label = (use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv) ? std::string("chunked")
+                                                                            : "rg=" + std::to_string(erg) + " c=" + std::to_string(ec)) +
+                        " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
                         " dv=" + std::to_string(G.dv) + " p0=" + std::to_string(p0) + " [";
     for (size_t i = 0; i < segs.size(); i++) {
         label += i ? " " : "";
@@ -475,6 +491,14 @@ static void test_real_chunks(void) {
     run_case(REAL, 3, {pre(100), pre(31), DEC, pre(16), pre(15), DEC});
 }
 
+// The chunked form's boundaries (64 tokens a chunk), from both parities, each followed by
+// two decode steps; and a long prefill.
+static void test_real_chunk_bounds(void) {
+    for (int p0 : {64, 1001})
+        for (int T : {63, 64, 65, 127, 128, 129, 200}) run_case(REAL, p0, {pre(T), DEC, DEC});
+    if (!quick) run_case(REAL, 5, {pre(4096), DEC});
+}
+
 // Smaller geometries: dk 32/64/256 (k_gdn_recur's 8-token staging at 256; KPT 8,
 // 16, 64 in k_gdn_step), dv 32..256 (cw = dv/4 columns per cluster block: 8..64),
 // one v-head per q/k head, four per q/k head, dk != dv.
@@ -491,8 +515,9 @@ static void test_small_shapes(void) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--chunk")) use_chunk = true;
         else {
-            fprintf(stderr, "usage: test_gdn [--quick]\n");
+            fprintf(stderr, "usage: test_gdn [--quick] [--chunk]\n");
             return 2;
         }
     }
@@ -503,6 +528,16 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, quick ? "  --quick: T = 2048 skipped" : "");
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
+    if (use_chunk) { // the chunked prefill (the decode steps between and after are k_gdn_step's)
+        printf("prefill: the chunked form (k_gdn_chunk_a, k_gdn_chunk_b)\n");
+        TEST(test_real_prefill);
+        TEST(test_real_chunks);
+        TEST(test_real_chunk_bounds);
+        printf("cases: %d run, %d failed\n", cases_run, cases_failed);
+        const int rc = check_summary();
+        printf("%s\n", rc ? "FAIL" : "PASS");
+        return rc;
+    }
     const int shapes[][2] = {{8, 2}, {4, 1}, {8, 1}, {16, 2}, {16, 1}};
     for (int si = 0; si < 5; si++) {
         recur_rg = shapes[si][0];

@@ -8,7 +8,7 @@
 #       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
 #       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
-#       "test_gdn test_matmul"), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
+#       "test_gdn:--chunk,--quick test_matmul": arguments after ':', ','-separated), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
 #       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's test_matmul, test_attn (AB_BTESTS),
 #       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
 #       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
@@ -130,7 +130,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     # from an earlier call must not be benched under a new label)
     ABS=(); ABLOG=(); PIDS=(); i=0
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn \
-        $(for t in ${AB_KTESTS:-}; do echo build/cuda-tests/$t; done) > "$LOGS/build.log" 2>&1 &
+        $(for t in ${AB_KTESTS:-}; do echo build/cuda-tests/${t%%:*}; done) > "$LOGS/build.log" 2>&1 &
     PIDS+=($!)
     IFS=';' read -r -a ABF <<< "${AB_FLAGS:-}"
     for f in "${ABF[@]}"; do
@@ -156,9 +156,10 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     fi
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
-    for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. test_gdn test_matmul)
-        ./build/cuda-tests/$t > "$OUT/test-k-$t.log" 2>&1 || { rc=1; echo "$t FAILED"; }
-        tail -n 2 "$OUT/test-k-$t.log"
+    for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. "test_gdn test_matmul:--quick";
+        n=${t%%:*}; a=${t#"$n"}; a=${a#:}; l=$n${a:+-${a//[-,]/}}  # after ':', its arguments, ','-separated)
+        ./build/cuda-tests/$n ${a//,/ } > "$OUT/test-k-$l.log" 2>&1 || { rc=1; echo "$t FAILED"; }
+        tail -n 2 "$OUT/test-k-$l.log"
     done
     model_checks
     if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
@@ -260,6 +261,8 @@ fi
     n=$(basename "$t" .cu)
     make -j"$NPROC" WERROR= "build/cuda-tests/$n" > "$LOGS/build-$n.log" 2>&1 || { echo "build $n failed"; tail -5 "$LOGS/build-$n.log"; continue; }
     step "kernel-$n" "./build/cuda-tests/$n"
+    # the opt-in chunked GDN prefill (LILAC_GDN_CHUNK=1) against the same reference
+    [ "$n" = test_gdn ] && step kernel-test_gdn-chunk ./build/cuda-tests/test_gdn --chunk
 done
 [ "$MODE" != hf ] && [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
 if [ "$MODE" != hf ]; then

@@ -24,6 +24,7 @@ extern "C" {
 #include "cuda_gemm.cuh"
 #include "cuda_packed.cuh"
 #include "cuda_attn.cuh"
+#include "cuda_gdn_chunk.cuh"
 #include "cuda_decode.cuh"
 
 #define CK(call)                                                                                        \
@@ -335,6 +336,7 @@ struct lilac_session {
     unsigned *moe_count;         // and its arrival count
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
+    float *lgd, *gdn_scratch; // the chunked GDN prefill (LILAC_GDN_CHUNK=1, cuda_gdn_chunk.cuh): log decays, scratch; else null
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -662,6 +664,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
     s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
+    const char *gch = getenv("LILAC_GDN_CHUNK"); // opt-in until measured (cuda_gdn_chunk.cuh)
+    const bool gdn_chunk = gch && *gch && strcmp(gch, "0") &&
+                           gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
                     (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
@@ -685,6 +690,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->conv_out, C * CD, err) == 0 && dalloc(s, &s->z, C * VD, err) == 0 &&
          dalloc(s, &s->bb, C * c->lin_v_heads, err) == 0 && dalloc(s, &s->ba, C * c->lin_v_heads, err) == 0 &&
          dalloc(s, &s->beta, C * c->lin_v_heads, err) == 0 && dalloc(s, &s->decay, C * c->lin_v_heads, err) == 0 &&
+         (!gdn_chunk || (dalloc(s, &s->lgd, C * c->lin_v_heads, err) == 0 &&
+                         dalloc(s, &s->gdn_scratch, gdn_chunk_scratch((int)C, c->lin_v_heads), err) == 0)) &&
          dalloc(s, &s->o, C * VD, err) == 0 && dalloc(s, &s->qg, C * 2 * c->n_heads * c->head_dim, err) == 0 &&
          dalloc(s, &s->kx, C * kvw, err) == 0 && dalloc(s, &s->vx, C * kvw, err) == 0 &&
          dalloc(s, &s->att, C * c->n_heads * c->head_dim, err) == 0 &&
@@ -942,15 +949,20 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     } else {
         if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, err) < 0) return -1;
         pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
-                                         d.A_log, d.dt_bias, Hv, s->beta, s->decay);
+                                         d.A_log, d.dt_bias, Hv, s->beta, s->decay, s->lgd);
         CKL();
         prof_mark(s, PH_GDN_CONV);
-        dim3 g;
-        int rg = s->gdn_rg, cc = s->gdn_c;
-        const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, rg, cc, Hv, c->lin_v_dim, &g);
-        pdl_launch(s, recur, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, s->decay,
-                   s->ssm[(size_t)l], s->o, T);
-        CKL();
+        if (s->gdn_scratch) { // the chunked form (opt-in)
+            CK(gdn_chunk_launch(s->conv_out, CD, KD, c->lin_k_heads, Hv, s->beta, s->lgd, s->ssm[(size_t)l], s->o, T,
+                                s->gdn_scratch, s->st));
+        } else {
+            dim3 g;
+            int rg = s->gdn_rg, cc = s->gdn_c;
+            const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, rg, cc, Hv, c->lin_v_dim, &g);
+            pdl_launch(s, recur, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, s->decay,
+                       s->ssm[(size_t)l], s->o, T);
+            CKL();
+        }
         prof_mark(s, PH_GDN_RECUR);
         pdl_launch(s, k_gated_norm, dim3((unsigned)T, (unsigned)Hv), 32, 0, s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
         CKL();
