@@ -50,6 +50,12 @@ if command -v g++ >/dev/null && [ -f build/src/engine/sampler.o ]; then
         build/src/engine/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
         CUEMU_MAX_THREADS=128 build/test_sample_emu --quick"
 fi
+# The chunked GDN prefill (src/backend/cuda/cuda_gdn_chunk.cuh) on the same emulator, with its
+# WMMA stand-in: against the serial delta rule in double.
+if command -v g++ >/dev/null; then
+    run_suite "emu/test_gdn_chunk" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
+        -x c++ tests/cuda/emu/test_gdn_chunk_emu.cc -lm -o build/test_gdn_chunk_emu && build/test_gdn_chunk_emu"
+fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"

@@ -29,13 +29,21 @@
 // Shapes: dk = dv = 128 (the model's), L = 64. Scratch per layer call: U, W
 // [chunks][Hv][64][128], M [chunks][Hv][64][64], the log-decay sums [chunks][Hv][64].
 // Not yet run on a GPU (written in session 10; docs/perf.md); the serial kernel stays
-// the default until test_gdn --chunk and a benchmark say otherwise.
+// the default until test_gdn --chunk and a benchmark say otherwise. Without a GPU, the
+// CUDA emulator (tests/cuda/emu, with its WMMA stand-in) runs both phases in CI
+// (test_gdn_chunk_emu.cc): built with -DLILAC_CUEMU.
 #pragma once
 #include <mma.h>
 
+#ifdef LILAC_CUEMU
+__device__ __forceinline__ void pdl_wait() {}
+#define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
+#else
 #include <atomic>
 
 #include "cuda_common.cuh"
+#define GDC_SMEM(name) extern __shared__ __align__(128) float name[]
+#endif
 
 namespace gdc {
 using namespace nvcuda;
@@ -84,12 +92,12 @@ __global__ void __launch_bounds__(gdc::NT, 1)
     k_gdn_chunk_a(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta, const float *lgd,
                   int T, float *U, float *W, float *M, float *Gc) {
     using namespace gdc;
-    extern __shared__ __align__(128) float gsm[];
+    GDC_SMEM(gsm);
     float *const Ks = gsm, *const Qs = Ks + L * LD, *const Vs = Qs + L * LD; // Qs later holds W, Vs U
     float *const KK = Vs + L * LD, *const QK = KK + L * LA, *const Gs = QK + L * LA, *const Bs = Gs + L;
     pdl_wait();
     const int c = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int t0 = c * L, n = min(L, T - t0), hk = j / (Hv / Hk);
+    const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j / (Hv / Hk);
     for (int i = tid; i < L * (DK / 4); i += NT) {
         const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q, v = q;
@@ -205,7 +213,7 @@ __global__ void __launch_bounds__(gdc::NT, 1)
     k_gdn_chunk_b(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *U, const float *W,
                   const float *M, const float *Gc, float *ssm, float *o, int T) {
     using namespace gdc;
-    extern __shared__ __align__(128) float gsm[];
+    GDC_SMEM(gsm);
     float *const Ss = gsm;          // the state's 32 columns [DK][LC]
     float *const Wc = Ss + DK * LC; // [L][LD]
     float *const Qc = Wc + L * LD;  // gamma_t q_t  [L][LD]
@@ -226,7 +234,7 @@ __global__ void __launch_bounds__(gdc::NT, 1)
     const int nch = (T + L - 1) / L;
 #pragma unroll 1
     for (int c = 0; c < nch; c++) {
-        const int t0 = c * L, n = min(L, T - t0);
+        const int t0 = c * L, n = T - t0 < L ? T - t0 : L;
         const int64_t cj = (int64_t)c * Hv + j;
         if (tid < L) Gs[tid] = Gc[cj * L + tid];
         __syncthreads(); // Gs (and, first time round, Ss) written
@@ -358,9 +366,11 @@ static inline size_t gdn_chunk_scratch(int T, int Hv) {
 static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta,
                                            const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
+    cudaError_t e = cudaSuccess;
+#ifndef LILAC_CUEMU
     static std::atomic<unsigned long long> done{0};
     int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
     const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
     if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
@@ -369,14 +379,17 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_relaxed);
     }
+#endif
     const int nch = (T + gdc::L - 1) / gdc::L;
     const size_t nc = (size_t)nch * (size_t)Hv * gdc::L;
-    float *const U = scratch, *const W = U + nc * gdc::DK, *const M = W + nc * gdc::DK, *const Gc = M + nc * gdc::L;
-    k_gdn_chunk_a<<<dim3((unsigned)nch, (unsigned)Hv), gdc::NT, gdc::smem_a, st>>>(conv_out, CD, KD, Hk, Hv, beta, lgd, T,
-                                                                                   U, W, M, Gc);
-    e = cudaGetLastError();
+    float *U = scratch, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
+    // cudaLaunchKernel rather than <<< >>>, so that the emulator runs this function too
+    void *aa[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&beta, (void *)&lgd, &T, &U, &W, &M, &Gc};
+    e = cudaLaunchKernel(k_gdn_chunk_a, dim3((unsigned)nch, (unsigned)Hv), dim3(gdc::NT), aa, gdc::smem_a, st);
     if (e != cudaSuccess) return e;
-    k_gdn_chunk_b<<<dim3((unsigned)Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NT, gdc::smem_b, st>>>(conv_out, CD, KD, Hk, Hv,
-                                                                                                   U, W, M, Gc, ssm, o, T);
+    const float *Uc = U, *Wc = W, *Mc = M, *Gcc = Gc;
+    void *ab[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&Uc, (void *)&Wc, (void *)&Mc, (void *)&Gcc, &ssm, &o, &T};
+    e = cudaLaunchKernel(k_gdn_chunk_b, dim3((unsigned)Hv, (unsigned)(gdc::DK / gdc::CW)), dim3(gdc::NT), ab, gdc::smem_b, st);
+    if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }

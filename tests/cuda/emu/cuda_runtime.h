@@ -17,7 +17,9 @@
 // test promises) and every __syncthreads by the whole block: anything else is
 // reported as a deadlock. CUEMU_SHUFFLE=1 resumes the threads in a random order
 // after each barrier, so a missing barrier shows up as a wrong result. Device
-// memory is host memory.
+// memory is host memory. Grids may be 2-D; a launch's dynamic shared memory is
+// cuemu::dyn_smem. mma.h beside this file stands in for WMMA (tf32), for
+// src/backend/cuda/cuda_gdn_chunk.cuh (tests/cuda/emu/test_gdn_chunk_emu.cc).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -48,6 +50,11 @@ struct dim3 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+#define __align__(n) alignas(n)
 
 namespace cuemu {
 struct idx3 {
@@ -77,6 +84,7 @@ inline barrier block_bar;
 inline std::vector<warp> warps;
 inline void (*body)(void *);
 inline void *body_arg;
+inline unsigned char *dyn_smem; // the launch's dynamic shared memory (kernels read it through a macro)
 
 inline void arrive(barrier &b) {
     if (++b.count == b.expected) {
@@ -327,15 +335,17 @@ inline void run_block(unsigned nt, uint64_t *shuffle) {
 }
 } // namespace cuemu
 
-// Blocks run one after another; CUEMU_MAX_THREADS (a multiple of 32) narrows them.
+// Blocks run one after another (x fastest, then y); CUEMU_MAX_THREADS (a multiple of 32)
+// narrows them; smem bytes of dynamic shared memory (zeroed, 128-byte aligned) in
+// cuemu::dyn_smem, shared by the blocks in turn.
 template <typename... P>
-inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 g, dim3 b, void **args, size_t = 0, cudaStream_t = 0) {
+inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 g, dim3 b, void **args, size_t smem = 0, cudaStream_t = 0) {
     unsigned nt = b.x;
     if (const char *m = getenv("CUEMU_MAX_THREADS")) {
         const unsigned lim = (unsigned)atoi(m);
         if (lim >= 32 && lim % 32 == 0 && lim < nt) nt = lim;
     }
-    if (nt % 32 || b.y != 1 || b.z != 1 || g.y != 1 || g.z != 1) {
+    if (nt % 32 || b.y != 1 || b.z != 1 || g.z != 1) {
         fprintf(stderr, "cuemu: unsupported launch shape\n");
         abort();
     }
@@ -352,10 +362,16 @@ inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 g, dim3 b, void **args
         cuemu::call(l->f, l->args, std::index_sequence_for<P...>{});
     };
     cuemu::body_arg = &L;
-    for (unsigned blk = 0; blk < g.x; blk++) {
-        cuemu::bid = {blk, 0, 0};
-        cuemu::run_block(nt, sh && *sh == '1' ? &shuffle_state : nullptr);
-    }
+    cuemu::dyn_smem = smem ? (unsigned char *)aligned_alloc(128, (smem + 127) / 128 * 128) : nullptr;
+    if (smem && !cuemu::dyn_smem) return cudaErrorMemoryAllocation;
+    if (smem) memset(cuemu::dyn_smem, 0, smem);
+    for (unsigned by = 0; by < g.y; by++)
+        for (unsigned blk = 0; blk < g.x; blk++) {
+            cuemu::bid = {blk, by, 0};
+            cuemu::run_block(nt, sh && *sh == '1' ? &shuffle_state : nullptr);
+        }
+    free(cuemu::dyn_smem);
+    cuemu::dyn_smem = nullptr;
     cuemu::body_arg = nullptr;
     return cudaSuccess;
 }
