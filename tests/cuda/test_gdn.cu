@@ -533,13 +533,9 @@ int main(int argc, char **argv) {
         TEST(test_real_prefill);
         TEST(test_real_chunks);
         TEST(test_real_chunk_bounds);
-        printf("cases: %d run, %d failed\n", cases_run, cases_failed);
-        const int rc = check_summary();
-        printf("%s\n", rc ? "FAIL" : "PASS");
-        return rc;
     }
     const int shapes[][2] = {{8, 2}, {4, 1}, {8, 1}, {16, 2}, {16, 1}};
-    for (int si = 0; si < 5; si++) {
+    for (int si = 0; si < (use_chunk ? 0 : 5); si++) {
         recur_rg = shapes[si][0];
         recur_c = shapes[si][1];
         TEST(test_real_prefill);

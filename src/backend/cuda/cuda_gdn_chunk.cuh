@@ -79,6 +79,20 @@ __device__ __forceinline__ void mma3(facc &c, const FA &ah, const FA &al, const 
     wmma::mma_sync(c, ah, bl, c);
     wmma::mma_sync(c, ah, bh, c);
 }
+// c += sign A B over nk steps of 8: A a 16-row tile, row-major (lda), B 16 columns,
+// row-major (ldb), both f32 in shared memory.
+__device__ __forceinline__ void mma3_rr(facc &c, const float *A, int lda, const float *B, int ldb, int nk, float sign = 1.0f) {
+#pragma unroll 4
+    for (int kk = 0; kk < nk; kk++) {
+        fa_row ah, al;
+        wmma::load_matrix_sync(ah, A + kk * 8, lda);
+        split(ah, al, sign);
+        fb_row bh, bl;
+        wmma::load_matrix_sync(bh, B + kk * 8 * ldb, ldb);
+        split(bh, bl);
+        mma3(c, ah, al, bh, bl);
+    }
+}
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ void st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 __device__ __forceinline__ float4 mul4(float4 v, float s) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
@@ -265,16 +279,7 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         for (int tj = 0; tj < 2; tj++) {
             facc d;
             wmma::load_matrix_sync(d, Dc + warp * 16 * LC + tj * 16, LC, wmma::mem_row_major);
-#pragma unroll 4
-            for (int kk = 0; kk < DK / 8; kk++) {
-                fa_row ah, al;
-                wmma::load_matrix_sync(ah, Wc + warp * 16 * LD + kk * 8, LD);
-                split(ah, al, -1.0f);
-                fb_row bh, bl;
-                wmma::load_matrix_sync(bh, Ss + kk * 8 * LC + tj * 16, LC);
-                split(bh, bl);
-                mma3(d, ah, al, bh, bl);
-            }
+            mma3_rr(d, Wc + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8, -1.0f);
             wmma::store_matrix_sync(Dc + warp * 16 * LC + tj * 16, d, LC, wmma::mem_row_major);
         }
         __syncthreads();
@@ -312,26 +317,8 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         for (int tj = 0; tj < 2; tj++) {
             facc oc;
             wmma::fill_fragment(oc, 0.0f);
-#pragma unroll 4
-            for (int kk = 0; kk < DK / 8; kk++) {
-                fa_row ah, al;
-                wmma::load_matrix_sync(ah, Qc + warp * 16 * LD + kk * 8, LD);
-                split(ah, al);
-                fb_row bh, bl;
-                wmma::load_matrix_sync(bh, Ss + kk * 8 * LC + tj * 16, LC);
-                split(bh, bl);
-                mma3(oc, ah, al, bh, bl);
-            }
-#pragma unroll 4
-            for (int kk = 0; kk < L / 8; kk++) {
-                fa_row ah, al;
-                wmma::load_matrix_sync(ah, Mc + warp * 16 * LA + kk * 8, LA);
-                split(ah, al);
-                fb_row bh, bl;
-                wmma::load_matrix_sync(bh, Dc + kk * 8 * LC + tj * 16, LC);
-                split(bh, bl);
-                mma3(oc, ah, al, bh, bl);
-            }
+            mma3_rr(oc, Qc + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8);
+            mma3_rr(oc, Mc + warp * 16 * LA, LA, Dc + tj * 16, LC, L / 8);
             wmma::store_matrix_sync(Oc + warp * 16 * LC + tj * 16, oc, LC, wmma::mem_row_major);
         }
         __syncthreads(); // every read of S0 done; Oc complete
