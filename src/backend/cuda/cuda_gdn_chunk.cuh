@@ -17,7 +17,8 @@
 // Phase A (k_gdn_chunk_a, every chunk and head at once): K K^T and Q K^T, the masks and
 // gates, and the triangular solve for [U | W] (forward substitution, one column per
 // thread, in registers). Phase B (k_gdn_chunk_b, one block per head and 32 state
-// columns, serial over the chunks): D, O and the new state, three products per chunk.
+// columns, serial over the chunks): D, O and the new state, three products per chunk,
+// the next chunk's operands loading meanwhile.
 //
 // Precision: every product is 3xTF32 (each operand split hi + lo in tf32, lo.hi + hi.lo
 // + hi.hi, f32 accumulation: ~2^-21 relative, f32-faithful like the serial kernel); the
@@ -35,8 +36,14 @@
 #pragma once
 #include <mma.h>
 
-#ifdef LILAC_CUEMU
+#ifdef LILAC_CUEMU // the emulator's copies land at once
 __device__ __forceinline__ void pdl_wait() {}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N> __device__ __forceinline__ void cp_async_wait() {}
 #define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
 #else
 #include <atomic>
@@ -55,7 +62,7 @@ constexpr int CW = 32;       // phase B: state columns per block
 constexpr int LC = CW + 4;   // floats per 32-wide row
 constexpr int NT = 128;      // threads per block (4 warps)
 constexpr size_t smem_a = sizeof(float) * (3 * L * LD + 2 * L * LA + 2 * L);
-constexpr size_t smem_b = sizeof(float) * (DK * LC + 3 * L * LD + L * LA + 2 * L * LC + L);
+constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LD + L * LA + L * LC + L) + 2 * L * LD + 2 * L * LC);
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa_row;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fa_col;
@@ -223,57 +230,76 @@ __global__ void __launch_bounds__(gdc::NT, 1)
 // Phase B. Grid (Hv, 128 / gdc::CW), gdc::NT threads, gdc::smem_b bytes; serial over the
 // chunks of T tokens. Reads phase A's U, W, M, Gc and conv_out's q, k; updates the state
 // ssm [Hv][dk][dv] in place and writes o [T][Hv * dv] as k_gdn_recur does.
+// Loads overlap the products: chunk c + 1's W, M, U and log-decay sums (double-buffered)
+// and chunk c's raw q and k rows come by cp.async while D = U - W S is computed; the
+// decays are applied to D's rows (K'^T D = K^T (diag(exp(G_L - G)) D)) and to O's rows
+// (diag(gamma) Q S) instead of to the q and k rows, so those are copied as they are.
 __global__ void __launch_bounds__(gdc::NT, 1)
     k_gdn_chunk_b(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *U, const float *W,
                   const float *M, const float *Gc, float *ssm, float *o, int T) {
     using namespace gdc;
     GDC_SMEM(gsm);
-    float *const Ss = gsm;          // the state's 32 columns [DK][LC]
-    float *const Wc = Ss + DK * LC; // [L][LD]
-    float *const Qc = Wc + L * LD;  // gamma_t q_t  [L][LD]
-    float *const Kc = Qc + L * LD;  // K' [L][LD]
-    float *const Mc = Kc + L * LD;  // [L][LA]
-    float *const Dc = Mc + L * LA;  // U's columns, then D [L][LC]
-    float *const Oc = Dc + L * LC;  // [L][LC]
-    float *const Gs = Oc + L * LC;  // [L]
+    float *const Ss = gsm;              // the state's 32 columns [DK][LC]
+    float *const Wb = Ss + DK * LC;     // [2][L][LD]
+    float *const Mb = Wb + 2 * L * LD;  // [2][L][LA]
+    float *const Ub = Mb + 2 * L * LA;  // [2][L][LC]: U's columns, then D
+    float *const Gb = Ub + 2 * L * LC;  // [2][L]
+    float *const Qr = Gb + 2 * L;       // q rows [L][LD]
+    float *const Kr = Qr + L * LD;      // k rows [L][LD]
+    float *const Dp = Kr + L * LD;      // diag(exp(G_L - G)) D [L][LC]
+    float *const Oc = Dp + L * LC;      // [L][LC]
     pdl_wait();
     const int j = blockIdx.x, col0 = blockIdx.y * CW, tid = threadIdx.x, warp = tid >> 5;
     const int hk = j / (Hv / Hk);
     const int64_t VD = (int64_t)Hv * DK;
     float *const Sg = ssm + (int64_t)j * DK * DK + col0;
+    // chunk c's W, M, U columns and log-decay sums into buffer b: one commit group
+    auto issue_wmu = [&](int c, int b) {
+        const int64_t cj = (int64_t)c * Hv + j;
+        for (int i = tid; i < L * (DK / 4); i += NT) {
+            const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
+            cp_async16(Wb + (b * L + t) * LD + e, W + (cj * L + t) * DK + e, true);
+        }
+        for (int i = tid; i < L * (L / 4); i += NT) {
+            const int t = i / (L / 4), e = (i % (L / 4)) * 4;
+            cp_async16(Mb + (b * L + t) * LA + e, M + (cj * L + t) * L + e, true);
+        }
+        for (int i = tid; i < L * (CW / 4); i += NT) {
+            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
+            cp_async16(Ub + (b * L + t) * LC + e, U + (cj * L + t) * DK + col0 + e, true);
+        }
+        if (tid < L / 4) cp_async16(Gb + b * L + 4 * tid, Gc + cj * L + 4 * tid, true);
+        cp_async_commit();
+    };
+    // chunk c's q and k rows (zero past the last token): one commit group
+    auto issue_qk = [&](int c) {
+        const int t0 = c * L, n = T - t0 < L ? T - t0 : L;
+        for (int i = tid; i < L * (DK / 4); i += NT) {
+            const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
+            const float *row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD;
+            cp_async16(Qr + t * LD + e, row + (int64_t)hk * DK + e, t < n);
+            cp_async16(Kr + t * LD + e, row + KD + (int64_t)hk * DK + e, t < n);
+        }
+        cp_async_commit();
+    };
     for (int i = tid; i < DK * (CW / 4); i += NT) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Ss + r * LC + e, ld4(Sg + (int64_t)r * DK + e));
     }
     const int nch = (T + L - 1) / L;
+    issue_wmu(0, 0);
 #pragma unroll 1
     for (int c = 0; c < nch; c++) {
-        const int t0 = c * L, n = T - t0 < L ? T - t0 : L;
-        const int64_t cj = (int64_t)c * Hv + j;
-        if (tid < L) Gs[tid] = Gc[cj * L + tid];
-        __syncthreads(); // Gs (and, first time round, Ss) written
+        const int b = c & 1, t0 = c * L, n = T - t0 < L ? T - t0 : L;
+        // Qr, Kr and buffer b ^ 1 were last read before the previous chunk's last barrier
+        issue_qk(c);
+        if (c + 1 < nch) issue_wmu(c + 1, b ^ 1);
+        else cp_async_commit(); // (an empty group keeps the count)
+        cp_async_wait<2>();     // this thread's part of chunk c's W, M, U, G
+        __syncthreads();        // everyone's (and, first time round, S)
+        const float *const Wc = Wb + b * L * LD, *const Mc = Mb + b * L * LA, *const Gs = Gb + b * L;
+        float *const Dc = Ub + b * L * LC;
         const float GL = Gs[n - 1];
-        for (int i = tid; i < L * (DK / 4); i += NT) {
-            const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
-            st4(Wc + t * LD + e, ld4(W + (cj * L + t) * DK + e));
-            float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q;
-            if (t < n) {
-                const float *row = conv_out + (int64_t)(t0 + t) * CD;
-                q = mul4(ld4(row + (int64_t)hk * DK + e), expf(Gs[t]));
-                k = mul4(ld4(row + KD + (int64_t)hk * DK + e), expf(GL - Gs[t]));
-            }
-            st4(Qc + t * LD + e, q);
-            st4(Kc + t * LD + e, k);
-        }
-        for (int i = tid; i < L * (L / 4); i += NT) {
-            const int t = i / (L / 4), e = (i % (L / 4)) * 4;
-            st4(Mc + t * LA + e, ld4(M + (cj * L + t) * L + e));
-        }
-        for (int i = tid; i < L * (CW / 4); i += NT) {
-            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
-            st4(Dc + t * LC + e, ld4(U + (cj * L + t) * DK + col0 + e));
-        }
-        __syncthreads();
         // D = U - W S0: warp w, row tile w, both column tiles
 #pragma unroll
         for (int tj = 0; tj < 2; tj++) {
@@ -283,56 +309,75 @@ __global__ void __launch_bounds__(gdc::NT, 1)
             wmma::store_matrix_sync(Dc + warp * 16 * LC + tj * 16, d, LC, wmma::mem_row_major);
         }
         __syncthreads();
-        // the new state, gamma_L S0 + K'^T D (row tiles 2w, 2w + 1), kept in registers until
-        // every warp has read S0 for O
+        for (int i = tid; i < L * (CW / 4); i += NT) {
+            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
+            st4(Dp + t * LC + e, mul4(ld4(Dc + t * LC + e), expf(GL - Gs[t])));
+        }
+        cp_async_wait<1>(); // this thread's q and k rows
+        __syncthreads();    // everyone's, and Dp
+        // the new state, gamma_L S0 + K^T Dp (row tiles 2w, 2w + 1), kept in registers until
+        // every warp has read S0
         facc sn[2][2];
         const float gl = expf(GL);
 #pragma unroll
         for (int a = 0; a < 2; a++)
 #pragma unroll
-            for (int b = 0; b < 2; b++) {
-                wmma::load_matrix_sync(sn[a][b], Ss + (2 * warp + a) * 16 * LC + b * 16, LC, wmma::mem_row_major);
+            for (int bb = 0; bb < 2; bb++) {
+                wmma::load_matrix_sync(sn[a][bb], Ss + (2 * warp + a) * 16 * LC + bb * 16, LC, wmma::mem_row_major);
 #pragma unroll
-                for (int i = 0; i < sn[a][b].num_elements; i++) sn[a][b].x[i] *= gl;
+                for (int i = 0; i < sn[a][bb].num_elements; i++) sn[a][bb].x[i] *= gl;
             }
 #pragma unroll 2
         for (int kk = 0; kk < L / 8; kk++) {
             fb_row bh[2], bl[2];
 #pragma unroll
-            for (int b = 0; b < 2; b++) {
-                wmma::load_matrix_sync(bh[b], Dc + kk * 8 * LC + b * 16, LC);
-                split(bh[b], bl[b]);
+            for (int bb = 0; bb < 2; bb++) {
+                wmma::load_matrix_sync(bh[bb], Dp + kk * 8 * LC + bb * 16, LC);
+                split(bh[bb], bl[bb]);
             }
 #pragma unroll
             for (int a = 0; a < 2; a++) {
-                fa_col ah, al; // A = K'^T: A[i][s] = K'[s][i]
-                wmma::load_matrix_sync(ah, Kc + kk * 8 * LD + (2 * warp + a) * 16, LD);
+                fa_col ah, al; // A = K^T: A[i][s] = K[s][i]
+                wmma::load_matrix_sync(ah, Kr + kk * 8 * LD + (2 * warp + a) * 16, LD);
                 split(ah, al);
 #pragma unroll
-                for (int b = 0; b < 2; b++) mma3(sn[a][b], ah, al, bh[b], bl[b]);
+                for (int bb = 0; bb < 2; bb++) mma3(sn[a][bb], ah, al, bh[bb], bl[bb]);
             }
         }
-        // O = (gamma Q) S0 + M D: warp w, row tile w
+        // O = diag(gamma) (Q S0) + M D, in two passes through Oc: warp w, row tile w
 #pragma unroll
         for (int tj = 0; tj < 2; tj++) {
             facc oc;
             wmma::fill_fragment(oc, 0.0f);
-            mma3_rr(oc, Qc + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8);
-            mma3_rr(oc, Mc + warp * 16 * LA, LA, Dc + tj * 16, LC, L / 8);
+            mma3_rr(oc, Qr + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8);
             wmma::store_matrix_sync(Oc + warp * 16 * LC + tj * 16, oc, LC, wmma::mem_row_major);
         }
-        __syncthreads(); // every read of S0 done; Oc complete
+        __syncthreads(); // every read of S0 done; Q S0 complete
 #pragma unroll
         for (int a = 0; a < 2; a++)
 #pragma unroll
-            for (int b = 0; b < 2; b++)
-                wmma::store_matrix_sync(Ss + (2 * warp + a) * 16 * LC + b * 16, sn[a][b], LC, wmma::mem_row_major);
+            for (int bb = 0; bb < 2; bb++)
+                wmma::store_matrix_sync(Ss + (2 * warp + a) * 16 * LC + bb * 16, sn[a][bb], LC, wmma::mem_row_major);
+        for (int i = tid; i < L * (CW / 4); i += NT) {
+            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
+            st4(Oc + t * LC + e, mul4(ld4(Oc + t * LC + e), expf(Gs[t])));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int tj = 0; tj < 2; tj++) {
+            facc oc;
+            wmma::load_matrix_sync(oc, Oc + warp * 16 * LC + tj * 16, LC, wmma::mem_row_major);
+            mma3_rr(oc, Mc + warp * 16 * LA, LA, Dc + tj * 16, LC, L / 8);
+            wmma::store_matrix_sync(Oc + warp * 16 * LC + tj * 16, oc, LC, wmma::mem_row_major);
+        }
+        __syncthreads();
         for (int i = tid; i < n * (CW / 4); i += NT) {
             const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
             st4(o + (int64_t)(t0 + t) * VD + (int64_t)j * DK + col0 + e, ld4(Oc + t * LC + e));
         }
-        __syncthreads(); // the chunk's buffers are refilled next round
+        __syncthreads(); // Oc, Qr, Kr and buffer b are written again next round
     }
+    cp_async_wait<0>();
     for (int i = tid; i < DK * (CW / 4); i += NT) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Sg + (int64_t)r * DK + e, ld4(Ss + r * LC + e));
