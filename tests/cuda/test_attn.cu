@@ -161,7 +161,7 @@ static bool run_case(const Case &c, bool timed, int qp = 2) {
     CK(cudaMemcpy(got.data(), dout, no * 4, cudaMemcpyDeviceToHost));
     std::vector<double> ref(no);
     if (qp == 1) {
-        const float qs = 1.4426950408889634f / sqrtf((float)hd); // as the kernel scales q
+        const float qs = lilac_fa::q_scale(hd); // as the kernel scales q
         const double back = log(2.0) * sqrt((double)hd);
         std::vector<float> qr(qg);
         for (size_t i = 0; i < nq; i++)

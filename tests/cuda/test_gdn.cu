@@ -271,8 +271,9 @@ static void launch_prep(const geo &G, gpu_bufs &d, int T) {
 // runs at each (rg, c) of main's list.
 static int recur_rg = 4, recur_c = 1;
 static bool use_chunk = false; // --chunk: the chunked form where it serves the shape
+static bool chunked(const geo &G) { return use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv); }
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
-    if (use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv)) {
+    if (chunked(G)) {
         CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
         k_gated_norm<<<dim3((unsigned)T, (unsigned)G.Hv), 32>>>(d.o.p, d.z.p, d.nw.p, G.Hv, G.dv, EPS);
         CKL();
@@ -329,8 +330,7 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
         dim3 g;
         gdn_recur_kernel(G.dk, erg, ec, G.Hv, G.dv, &g);
     }
-    std::string label = (use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv) ? std::string("chunked")
-                                                                            : "rg=" + std::to_string(erg) + " c=" + std::to_string(ec)) +
+    std::string label = (chunked(G) ? std::string("chunked") : "rg=" + std::to_string(erg) + " c=" + std::to_string(ec)) +
                         " Hk=" + std::to_string(G.Hk) + " Hv=" + std::to_string(G.Hv) + " dk=" + std::to_string(G.dk) +
                         " dv=" + std::to_string(G.dv) + " p0=" + std::to_string(p0) + " [";
     for (size_t i = 0; i < segs.size(); i++) {

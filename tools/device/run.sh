@@ -9,7 +9,7 @@
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
 #       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
 #       "test_gdn:--chunk,--quick test_matmul": arguments after ':', ','-separated), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
-#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's test_matmul, test_attn (AB_BTESTS),
+#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's kernel tests (AB_BTESTS, default "test_matmul:--quick test_attn"),
 #       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
 #       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
@@ -84,6 +84,13 @@ model_checks() {
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
 }
+# A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
+# its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).
+ktest_label() { local n=${1%%:*} a=${1#*:}; [ "$a" = "$1" ] && a=; echo "$n${a:+-${a//[-,]/}}"; }
+ktest() {
+    local n=${2%%:*} a=${2#*:}; [ "$a" = "$2" ] && a=
+    ./$1/cuda-tests/$n ${a//,/ } > "$3-$(ktest_label "$2").log" 2>&1
+}
 bench4k() {
     env "$@" ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 2>&1 |
         grep -E "^ +[0-9]+ "
@@ -129,6 +136,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     # every build in the background, each with its log; any failed make stops the call (a binary left
     # from an earlier call must not be benched under a new label)
     ABS=(); ABLOG=(); PIDS=(); i=0
+    BTESTS=${AB_BTESTS:-test_matmul:--quick test_attn}
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_attn \
         $(for t in ${AB_KTESTS:-}; do echo build/cuda-tests/${t%%:*}; done) > "$LOGS/build.log" 2>&1 &
     PIDS+=($!)
@@ -139,7 +147,8 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         [ "$(cat "$b/.nvextra" 2>/dev/null)" = "$f" ] || rm -rf "$b"
         mkdir -p "$b" && printf '%s' "$f" > "$b/.nvextra"
         make -j"$NPROC" WERROR= BUILD=$b NVEXTRA="$f" $b/lilac \
-            ${AB_TESTS:+$b/cuda-tests/test_cuda $b/cuda-tests/test_matmul $b/cuda-tests/test_attn} > "$LOGS/$b.log" 2>&1 &
+            ${AB_TESTS:+$b/cuda-tests/test_cuda $(for t in $BTESTS; do echo $b/cuda-tests/${t%%:*}; done)} \
+            > "$LOGS/$b.log" 2>&1 &
         PIDS+=($!)
     done
     i=0
@@ -156,10 +165,9 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     fi
     rc=0
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
-    for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. "test_gdn test_matmul:--quick";
-        n=${t%%:*}; a=${t#"$n"}; a=${a#:}; l=$n${a:+-${a//[-,]/}}  # after ':', its arguments, ','-separated)
-        ./build/cuda-tests/$n ${a//,/ } > "$OUT/test-k-$l.log" 2>&1 || { rc=1; echo "$t FAILED"; }
-        tail -n 2 "$OUT/test-k-$l.log"
+    for t in ${AB_KTESTS:-}; do  # more kernel tests of the default build (e.g. "test_gdn test_matmul:--quick")
+        ktest build "$t" "$OUT/test-k" || { rc=1; echo "$t FAILED"; }
+        tail -n 2 "$OUT/test-k-$(ktest_label "$t").log"
     done
     model_checks
     if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
@@ -183,8 +191,8 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         for b in "${ABS[@]}"; do
             [ -x "$b/cuda-tests/test_cuda" ] || continue
             echo "== $b"
-            for t in ${AB_BTESTS:-test_matmul test_attn}; do  # its kernel tests (AB_BTESTS: which)
-                ./$b/cuda-tests/$t $([ $t = test_matmul ] && echo --quick) > "$OUT/$b-$t.log" 2>&1 || rc=1
+            for t in $BTESTS; do  # its kernel tests
+                ktest "$b" "$t" "$OUT/$b" || rc=1
             done
             # the tiny oracle too: run 68 left it out, and two int8 pieces failed it (runs 69-70)
             [ -d .devdata/tiny ] && { ./$b/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/$b-test-tiny.log" 2>&1 || rc=1; }

@@ -79,6 +79,10 @@ constexpr int NB = FA_NB;  // K/V tile buffers: NB - 1 tiles in flight while one
 constexpr int SP = BN >= 64 ? 1 : 2; // S accumulator sets (by k-step parity: independent MMA chains)
 static_assert(NB >= 2 && BN % 16 == 0, "attention variant");
 
+// Q's scale into the log2 domain of the scores: log2(e) / sqrt(hd) (the kernel rounds q times
+// this to bf16; test_attn's one-piece reference takes the same product).
+__host__ __device__ inline float q_scale(int hd) { return 1.4426950408889634f / sqrtf((float)hd); }
+
 // QP: bf16 pieces of Q and of P (a template argument of the kernel): 2, hi + lo, the
 // f32-faithful default; 1, one bf16 each, as FlashAttention does on the bf16 model
 // (LILAC_ATTN_BF16=1; run 76: 128k prefill +16% over two pieces, max rel err 2.5-2.8e-3 at
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 
     // Q tile: scaled into the log2 domain, split, into shared memory (rows past T: zero).
     {
-        const float qscale = 1.4426950408889634f / sqrtf((float)HD);
+        const float qscale = fa::q_scale(HD);
 #pragma unroll 8
         for (int i = 0; i < G::Q_CPT; i++) {
             const int c = tid + i * NT, row = c / QCPR, col = (c % QCPR) * 4;

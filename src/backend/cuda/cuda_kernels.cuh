@@ -399,15 +399,13 @@ __global__ void k_conv(const float *qkv, float *state2, const float *w, float *o
     }
 }
 
-// The gates of a v-head: beta = sigmoid(b), decay = exp(g), g = -exp(A_log) softplus(a + dt_bias)
-// (g itself: the chunked prefill, cuda_gdn_chunk.cuh, sums it).
-__device__ __forceinline__ float gdn_log_decay(float a, float dt_bias, float A_log) {
-    const float xa = a + dt_bias;
-    return -expf(A_log) * (xa > 20.0f ? xa : log1pf(expf(xa)));
-}
-__device__ __forceinline__ void gdn_gates(float b, float a, float dt_bias, float A_log, float &beta, float &decay) {
+// The gates of a v-head: beta = sigmoid(b), decay = exp(g), g = -exp(A_log) softplus(a + dt_bias);
+// returns g (the chunked prefill, cuda_gdn_chunk.cuh, sums it).
+__device__ __forceinline__ float gdn_gates(float b, float a, float dt_bias, float A_log, float &beta, float &decay) {
     beta = 1.0f / (1.0f + expf(-b));
-    decay = expf(gdn_log_decay(a, dt_bias, A_log));
+    const float xa = a + dt_bias, g = -expf(A_log) * (xa > 20.0f ? xa : log1pf(expf(xa)));
+    decay = expf(g);
+    return g;
 }
 
 // One decode step of the delta rule for state column m: the thread holds keys
@@ -462,8 +460,8 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
     }
     for (int j = threadIdx.x; j < Hv; j += blockDim.x) {
         const int64_t i = (int64_t)t * Hv + j;
-        gdn_gates(bb[i], ba[i], dt_bias[j], A_log[j], beta[i], decay[i]);
-        if (lgd) lgd[i] = gdn_log_decay(ba[i], dt_bias[j], A_log[j]);
+        const float g = gdn_gates(bb[i], ba[i], dt_bias[j], A_log[j], beta[i], decay[i]);
+        if (lgd) lgd[i] = g;
     }
 }
 
