@@ -1,6 +1,6 @@
 // test_gdn.cu — the Gated DeltaNet kernels of src/backend/cuda/cuda_kernels.cuh
 // against plain CPU loops written here, in double (run on the device:
-// build/cuda-tests/test_gdn [--quick] [--chunk]; no model needed).
+// build/cuda-tests/test_gdn [--quick] [--chunk] [--time]; no model needed).
 //
 // --chunk: the prefill path through the chunked form instead of k_gdn_recur
 // (cuda_gdn_chunk.cuh, LILAC_GDN_CHUNK=1: k_gdn_chunk_a / k_gdn_chunk_b after
@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -270,6 +271,7 @@ static void launch_prep(const geo &G, gpu_bufs &d, int T) {
 // columns per thread, 4 warps a block); then k_gated_norm, one warp per (token, v-head). Every case
 // runs at each (rg, c) of main's list.
 static int recur_rg = 4, recur_c = 1;
+static bool do_time = false;  // --time: time_prefill only
 static bool use_chunk = false; // --chunk: the chunked form where it serves the shape
 static bool chunked(const geo &G) { return use_chunk && gdn_chunk_ok(G.dk, G.dv, G.Hk, G.Hv); }
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
@@ -512,12 +514,81 @@ static void test_small_shapes(void) {
     }
 }
 
+// --time: the recurrence of one layer's T-token prefill at the real shape, the serial
+// kernel (the backend's rg = 8, c = 2) against the chunked form's two phases (events,
+// the median of 15 launches). A benchmark, not a check: nothing fails on speed.
+static float time_ms(const std::function<void()> &f) {
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    std::vector<float> ms;
+    for (int r = 0; r < 16; r++) {
+        CK(cudaEventRecord(a));
+        f();
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        float x = 0;
+        CK(cudaEventElapsedTime(&x, a, b));
+        if (r) ms.push_back(x); // the first is a warm-up
+    }
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+static void time_prefill(int T) {
+    const geo G = REAL;
+    inputs in;
+    make_inputs(G, T, in);
+    gpu_bufs d(G, T);
+    d.qkv.put(in.qkv);
+    d.bb.put(in.bb);
+    d.ba.put(in.ba);
+    d.convw.put(in.convw);
+    d.A_log.put(in.A_log);
+    d.dt_bias.put(in.dt_bias);
+    d.nw.put(in.nw);
+    CK(cudaMemset(d.conv2.p, 0, sizeof(float) * d.conv2.n));
+    CK(cudaMemset(d.ssm.p, 0, sizeof(float) * d.ssm.n));
+    CK(cudaMemset(d.pos.p, 0, sizeof(int)));
+    launch_conv(G, d, T);
+    launch_prep(G, d, T);
+    CK(cudaDeviceSynchronize());
+    dim3 g;
+    int rg = 8, c = 2;
+    const gdn_recur_fn recur = gdn_recur_kernel(G.dk, rg, c, G.Hv, G.dv, &g);
+    const float t_serial = time_ms([&] {
+        recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
+        CKL();
+    });
+    CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
+    const int nch = (T + gdc::L - 1) / gdc::L;
+    const size_t nc = (size_t)nch * (size_t)G.Hv * gdc::L;
+    float *U = d.scratch.p, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
+    const float t_a = time_ms([&] {
+        k_gdn_chunk_a<<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NT, gdc::smem_a>>>(
+            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
+        CKL();
+    });
+    const float t_b = time_ms([&] {
+        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NT, gdc::smem_b>>>(
+            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
+        CKL();
+    });
+    const float t_all = time_ms([&] {
+        CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
+    });
+    printf("time T=%5d: serial k_gdn_recur<rg 8, c 2> %8.1f us; chunked %8.1f us (phase A %8.1f, phase B %8.1f): %.2fx\n", T,
+           1e3 * t_serial, 1e3 * t_all, 1e3 * t_a, 1e3 * t_b, t_serial / t_all);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--chunk")) use_chunk = true;
+        else if (!strcmp(argv[i], "--time")) do_time = true;
         else {
-            fprintf(stderr, "usage: test_gdn [--quick] [--chunk]\n");
+            fprintf(stderr, "usage: test_gdn [--quick] [--chunk] [--time]\n");
             return 2;
         }
     }
@@ -528,6 +599,10 @@ int main(int argc, char **argv) {
     printf("device %s (sm_%d%d)%s\n", prop.name, prop.major, prop.minor, quick ? "  --quick: T = 2048 skipped" : "");
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
+    if (do_time) {
+        for (int T : {1024, 4096, 16384}) time_prefill(T);
+        return 0;
+    }
     if (use_chunk) { // the chunked prefill (the decode steps between and after are k_gdn_step's)
         printf("prefill: the chunked form (k_gdn_chunk_a, k_gdn_chunk_b)\n");
         TEST(test_real_prefill);

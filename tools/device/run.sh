@@ -3,7 +3,7 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab]      (default: full)
+#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab|gdn]      (default: full)
 #   ab: the default build, one per ';'-separated set of nvcc flags in $AB_FLAGS and one per source tree in
 #       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
@@ -17,6 +17,7 @@
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
+#   gdn: test_gdn --time (the serial GDN prefill recurrence against the chunked form) and Nsight Compute on the chunked phases
 #
 #   RUN_LIMIT=s: stop (and pack the logs) after s seconds, default 540; 0: no limit
 # Inputs it can use when present (carried by the device tool, git-ignored):
@@ -76,6 +77,18 @@ step() {  # name cmd...
     [ "$rc" -eq 0 ] || FAILED=1
     return $rc
 }
+if [ "$MODE" = gdn ]; then  # the GDN prefill recurrence: serial against chunked (times), then Nsight Compute on the two phases at 4k
+    step build-gdn make -j"$NPROC" WERROR= build/cuda-tests/test_gdn || exit 1
+    step gdn-chunk ./build/cuda-tests/test_gdn --chunk --quick | grep -E "FAIL|passed|cases"
+    step gdn-time ./build/cuda-tests/test_gdn --time
+    # test_gdn --time launches 66 chunk kernels at T = 1024 first; the next two are T = 4096's phases A and B
+    ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 66 --launch-count 2 \
+        --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis --section SourceCounters ./build/cuda-tests/test_gdn --time > "$LOGS/gdn-ncu.log" 2>&1
+    grep -E "k_gdn_chunk|Duration|Throughput|Stall|stall|Occupancy|Registers|Shared Memory|Waves|L2 Hit|L1/TEX Hit|Issued|Eligible|Active Warps|cycles being stalled|On average|Executed Ipc|Pipe|Bank" "$LOGS/gdn-ncu.log" | head -${LINES_MAX:-140}
+    printf '%s\n' "${SUMMARY[@]}"
+    exit 0
+fi
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 # The short modes' pieces: the tiny and 4-layer real-dims whole-model checks (quick; rc=1 on a failure), and
 # one 4k decode bench line of the full-size synth under the given environment assignments.

@@ -34,9 +34,10 @@
 // CUDA emulator (tests/cuda/emu, with its WMMA stand-in) runs both phases in CI
 // (test_gdn_chunk_emu.cc): built with -DLILAC_CUEMU.
 #pragma once
-#include <mma.h>
+#include <stdint.h>
 
-#ifdef LILAC_CUEMU // the emulator's copies land at once
+#ifdef LILAC_CUEMU // the emulator's copies land at once; its mma.h stands in for the tensor cores
+#include "mma.h"
 __device__ __forceinline__ void pdl_wait() {}
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     if (valid) memcpy(smem, gmem, 16);
@@ -53,84 +54,112 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {}
 #endif
 
 namespace gdc {
-using namespace nvcuda;
-constexpr int L = 64;        // tokens per chunk
-constexpr int DK = 128;      // key dim = value dim
-constexpr int LD = DK + 4;   // floats per 128-wide row in shared memory
-constexpr int LA = L + 4;    // floats per 64-wide row
-constexpr int CW = 32;       // phase B: state columns per block
-constexpr int LC = CW + 4;   // floats per 32-wide row
-constexpr int NT = 128;      // threads per block (4 warps)
-constexpr size_t smem_a = sizeof(float) * (3 * L * LD + 2 * L * LA + 2 * L);
-constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LD + L * LA + L * LC + L) + 2 * L * LD + 2 * L * LC);
+constexpr int L = 64;       // tokens per chunk
+constexpr int DK = 128;     // key dim = value dim
+constexpr int CW = 32;      // phase B: state columns per block
+constexpr int NT = 128;     // threads per block (4 warps)
+// Row strides in shared memory (floats), chosen so that every fragment load below is free
+// of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
+// (ldA, ldBt: lane (g, t) reads row g, column t), wants a stride of 4 mod 32; a tile read
+// as B row by row, or as A stored transposed (ldB, ldAt: row t, column g), 8 mod 32.
+constexpr int LQ = DK + 4;  // 132: q, k (phase A) and W, q (phase B) rows
+constexpr int LK = DK + 8;  // 136: phase B's k rows (K^T as A)
+constexpr int LA = L + 4;   // 68: the 64 x 64 matrices (A, M)
+constexpr int LC = CW + 8;  // 40: phase B's 32-column blocks (S, U and D as B)
+constexpr size_t smem_a = sizeof(float) * (2 * L * LQ + L * LA + 3 * L);
+constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LQ + L * LA + L * LC + L) + L * LQ + L * LK + L * LC);
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa_row;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fa_col;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb_row;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb_col;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> facc;
-
-// A fragment loaded from f32 (in hi) as hi + lo tf32 parts, times sign.
-template <class F>
-__device__ __forceinline__ void split(F &hi, F &lo, float sign = 1.0f) {
-#pragma unroll
-    for (int i = 0; i < hi.num_elements; i++) {
-        const float v = sign * hi.x[i], h = wmma::__float_to_tf32(v);
-        hi.x[i] = h;
-        lo.x[i] = wmma::__float_to_tf32(v - h);
-    }
+// The products: mma.sync m16n8k8 with tf32 operands and f32 accumulation, each operand
+// split x = hi + lo (hi: x with its low 13 bits cleared, exactly a tf32; lo = x - hi,
+// exact in f32, which the tensor core reads truncated to tf32), hi.hi into one
+// accumulator and lo.hi + hi.lo into a second: ~2^-19 relative per product, the two
+// accumulators' dependency chains one MMA and two long per step of 8. Fragment map
+// (PTX ISA; g = lane / 4, t = lane % 4): A 16 x 8: (g, t), (g + 8, t), (g, t + 4),
+// (g + 8, t + 4); B 8 x 8: (t, g), (t + 4, g); C 16 x 8: (g, 2t), (g, 2t + 1),
+// (g + 8, 2t), (g + 8, 2t + 1).
+struct fragA {
+    uint32_t h[4], l[4];
+};
+struct fragB {
+    uint32_t h[2], l[2];
+};
+__device__ __forceinline__ void split(float v, uint32_t &h, uint32_t &l) {
+    const uint32_t u = __float_as_uint(v) & 0xffffe000u;
+    h = u;
+    l = __float_as_uint(v - __uint_as_float(u));
 }
-template <class FA, class FB>
-__device__ __forceinline__ void mma3(facc &c, const FA &ah, const FA &al, const FB &bh, const FB &bl) {
-    wmma::mma_sync(c, al, bh, c);
-    wmma::mma_sync(c, ah, bl, c);
-    wmma::mma_sync(c, ah, bh, c);
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef LILAC_CUEMU
+    cuemu::mma_m16n8k8_tf32(d, a, b);
+#else
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
-// c += sign A B over nk steps of 8: A a 16-row tile, row-major (lda), B 16 columns,
-// row-major (ldb), both f32 in shared memory.
-__device__ __forceinline__ void mma3_rr(facc &c, const float *A, int lda, const float *B, int ldb, int nk, float sign = 1.0f) {
-#pragma unroll 4
-    for (int kk = 0; kk < nk; kk++) {
-        fa_row ah, al;
-        wmma::load_matrix_sync(ah, A + kk * 8, lda);
-        split(ah, al, sign);
-        fb_row bh, bl;
-        wmma::load_matrix_sync(bh, B + kk * 8 * ldb, ldb);
-        split(bh, bl);
-        mma3(c, ah, al, bh, bl);
-    }
+// acc += hi.hi, cor += lo.hi + hi.lo
+__device__ __forceinline__ void mma3(float (&acc)[4], float (&cor)[4], const fragA &a, const fragB &b) {
+    mma(cor, a.l, b.h);
+    mma(cor, a.h, b.l);
+    mma(acc, a.h, b.h);
+}
+// A (16 x 8) at p, row-major: A(m, k) = p[m ld + k]
+__device__ __forceinline__ void ldA(fragA &f, const float *p, int ld, int g, int t) {
+    split(p[g * ld + t], f.h[0], f.l[0]);
+    split(p[(g + 8) * ld + t], f.h[1], f.l[1]);
+    split(p[g * ld + t + 4], f.h[2], f.l[2]);
+    split(p[(g + 8) * ld + t + 4], f.h[3], f.l[3]);
+}
+// A (16 x 8) stored transposed at p: A(m, k) = p[k ld + m]
+__device__ __forceinline__ void ldAt(fragA &f, const float *p, int ld, int g, int t) {
+    split(p[t * ld + g], f.h[0], f.l[0]);
+    split(p[t * ld + g + 8], f.h[1], f.l[1]);
+    split(p[(t + 4) * ld + g], f.h[2], f.l[2]);
+    split(p[(t + 4) * ld + g + 8], f.h[3], f.l[3]);
+}
+// B (8 x 8) at p, row-major: B(k, n) = p[k ld + n]
+__device__ __forceinline__ void ldB(fragB &f, const float *p, int ld, int g, int t) {
+    split(p[t * ld + g], f.h[0], f.l[0]);
+    split(p[(t + 4) * ld + g], f.h[1], f.l[1]);
+}
+// B (8 x 8) stored transposed at p: B(k, n) = p[n ld + k]
+__device__ __forceinline__ void ldBt(fragB &f, const float *p, int ld, int g, int t) {
+    split(p[g * ld + t], f.h[0], f.l[0]);
+    split(p[g * ld + t + 4], f.h[1], f.l[1]);
 }
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ void st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
-__device__ __forceinline__ float4 mul4(float4 v, float s) { return make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
+__device__ __forceinline__ float2 ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
+__device__ __forceinline__ void st2(float *p, float x, float y) { *reinterpret_cast<float2 *>(p) = make_float2(x, y); }
 } // namespace gdc
 
-// Phase A. Grid (chunks, Hv), gdc::NT threads, gdc::smem_a bytes. Inputs as k_gdn_recur's
-// (conv_out after k_gdn_prep: q, k normalised, q scaled) plus lgd, the log decays [T][Hv].
-// Writes U, W, M and Gc (the inclusive log-decay sums) of chunk c, head j at c * Hv + j;
-// rows past the last token are zero (Gc there: the chunk's total).
-__global__ void __launch_bounds__(gdc::NT, 1)
+// Phase A. Grid (chunks, Hv), gdc::NT threads, gdc::smem_a bytes (two blocks per SM).
+// Inputs as k_gdn_recur's (conv_out after k_gdn_prep: q, k normalised, q scaled) plus lgd,
+// the log decays [T][Hv]. Writes U, W, M and Gc (the inclusive log-decay sums) of chunk c,
+// head j at c * Hv + j; rows past the last token are zero (Gc there: the chunk's total).
+// M's tiles above the diagonal (16 x 16) are not written: phase B never reads them.
+__global__ void __launch_bounds__(gdc::NT, 2)
     k_gdn_chunk_a(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta, const float *lgd,
                   int T, float *U, float *W, float *M, float *Gc) {
     using namespace gdc;
     GDC_SMEM(gsm);
-    float *const Ks = gsm, *const Qs = Ks + L * LD, *const Vs = Qs + L * LD; // Qs later holds W, Vs U
-    float *const KK = Vs + L * LD, *const QK = KK + L * LA, *const Gs = QK + L * LA, *const Bs = Gs + L;
+    float *const Ks = gsm, *const Qs = Ks + L * LQ, *const As = Qs + L * LQ; // As: the solve's matrix A
+    float *const Gs = As + L * LA, *const Bs = Gs + L, *const Bg = Bs + L;     // G, beta, beta gamma
     pdl_wait();
     const int c = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3;
     const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j / (Hv / Hk);
+#pragma unroll 4
     for (int i = tid; i < L * (DK / 4); i += NT) {
         const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
-        float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q, v = q;
+        float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q;
         if (t < n) {
             const float *row = conv_out + (int64_t)(t0 + t) * CD;
             q = ld4(row + (int64_t)hk * DK + e);
             k = ld4(row + KD + (int64_t)hk * DK + e);
-            v = ld4(row + 2 * KD + (int64_t)j * DK + e);
         }
-        st4(Qs + t * LD + e, q);
-        st4(Ks + t * LD + e, k);
-        st4(Vs + t * LD + e, v);
+        st4(Qs + t * LQ + e, q);
+        st4(Ks + t * LQ + e, k);
     }
     if (warp == 0) { // Gs = inclusive sums of the log decays (two tokens a lane), Bs = beta
         const int ta = 2 * lane, tb = ta + 1;
@@ -141,67 +170,69 @@ __global__ void __launch_bounds__(gdc::NT, 1)
             const float u = __shfl_up_sync(0xffffffffu, s, o);
             if (lane >= o) s += u;
         }
+        const float ba = ta < n ? beta[(int64_t)(t0 + ta) * Hv + j] : 0.0f, bb = tb < n ? beta[(int64_t)(t0 + tb) * Hv + j] : 0.0f;
         Gs[ta] = s - a1;
         Gs[tb] = s;
-        Bs[ta] = ta < n ? beta[(int64_t)(t0 + ta) * Hv + j] : 0.0f;
-        Bs[tb] = tb < n ? beta[(int64_t)(t0 + tb) * Hv + j] : 0.0f;
+        Bs[ta] = ba;
+        Bs[tb] = bb;
+        Bg[ta] = ba * expf(s - a1);
+        Bg[tb] = bb * expf(s);
     }
     __syncthreads();
-    // K K^T and Q K^T, lower tiles only: warp w computes row tile w
+    // K K^T and Q K^T, the tiles on and below the diagonal: warp w, row tile w; then the
+    // masks and decays on the accumulators, A into As and M out
+    const int r0 = 16 * warp;
+    const int64_t cj = (int64_t)c * Hv + j;
+    float *const Mo = M + cj * L * L;
 #pragma unroll 1
-    for (int tj = 0; tj < 4; tj++) {
-        facc ck, cq;
-        wmma::fill_fragment(ck, 0.0f);
-        wmma::fill_fragment(cq, 0.0f);
-        if (tj <= warp) {
+    for (int tj = 0; tj <= warp; tj++) {
+        float ak[2][4] = {}, ck[2][4] = {}, aq[2][4] = {}, cq[2][4] = {};
 #pragma unroll 4
-            for (int kk = 0; kk < DK / 8; kk++) {
-                fb_col bh, bl; // B = K^T: B[k][s] = K[s][k], K's rows as columns
-                wmma::load_matrix_sync(bh, Ks + tj * 16 * LD + kk * 8, LD);
-                split(bh, bl);
-                fa_row ah, al;
-                wmma::load_matrix_sync(ah, Ks + warp * 16 * LD + kk * 8, LD);
-                split(ah, al);
-                mma3(ck, ah, al, bh, bl);
-                wmma::load_matrix_sync(ah, Qs + warp * 16 * LD + kk * 8, LD);
-                split(ah, al);
-                mma3(cq, ah, al, bh, bl);
+        for (int kk = 0; kk < DK / 8; kk++) {
+            fragA fk, fq;
+            ldA(fk, Ks + r0 * LQ + kk * 8, LQ, g, t4);
+            ldA(fq, Qs + r0 * LQ + kk * 8, LQ, g, t4);
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                fragB fb; // B(k, s) = K[s][k]
+                ldBt(fb, Ks + (16 * tj + 8 * nt) * LQ + kk * 8, LQ, g, t4);
+                mma3(ak[nt], ck[nt], fk, fb);
+                mma3(aq[nt], cq[nt], fq, fb);
             }
         }
-        wmma::store_matrix_sync(KK + warp * 16 * LA + tj * 16, ck, LA, wmma::mem_row_major);
-        wmma::store_matrix_sync(QK + warp * 16 * LA + tj * 16, cq, LA, wmma::mem_row_major);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) { // rows g and g + 8
+                const int r = r0 + g + 8 * h, s = 16 * tj + 8 * nt + 2 * t4;
+                float mv[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const float dec = s + e <= r ? expf(Gs[r] - Gs[s + e]) : 0.0f;
+                    As[r * LA + s + e] = s + e < r ? Bs[r] * dec * (ak[nt][2 * h + e] + ck[nt][2 * h + e]) : 0.0f;
+                    mv[e] = dec * (aq[nt][2 * h + e] + cq[nt][2 * h + e]);
+                }
+                st2(Mo + r * L + s, mv[0], mv[1]);
+            }
     }
     __syncthreads();
-    // A (into KK) and M (into QK): the masks and the decays between tokens
-    for (int i = tid; i < L * L; i += NT) {
-        const int t = i / L, s = i % L;
-        const float dec = s <= t ? expf(Gs[t] - Gs[s]) : 0.0f;
-        KK[t * LA + s] = s < t ? Bs[t] * dec * KK[t * LA + s] : 0.0f;
-        QK[t * LA + s] = dec * QK[t * LA + s];
-    }
-    // the right-hand sides [beta V | beta gamma K] into Vs and Qs (Q is not needed again here)
-    for (int i = tid; i < L * (DK / 4); i += NT) {
-        const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
-        st4(Vs + t * LD + e, mul4(ld4(Vs + t * LD + e), Bs[t]));
-        st4(Qs + t * LD + e, mul4(ld4(Ks + t * LD + e), Bs[t] * expf(Gs[t])));
-    }
-    __syncthreads();
-    // (I + A) X = B by forward substitution: thread tid solves column tid of U (Vs) and of W
-    // (Qs) in registers, two partial sums per row for two independent FMA chains each
-    const int64_t cj = (int64_t)c * Hv + j;
+    // (I + A) X = B by forward substitution: thread tid solves column tid of U (right-hand
+    // side beta V, read from conv_out) and of W (beta gamma K) in registers, two partial
+    // sums per row for two independent FMA chains each
     {
         float x[L], y[L];
+        const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + tid;
 #pragma unroll
         for (int t = 0; t < L; t++) {
-            x[t] = Vs[t * LD + tid];
-            y[t] = Qs[t * LD + tid];
+            x[t] = t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f;
+            y[t] = Bg[t] * Ks[t * LQ + tid];
         }
 #pragma unroll
         for (int t = 1; t < L; t++) {
             float x0 = x[t], x1 = 0.0f, y0 = y[t], y1 = 0.0f;
 #pragma unroll
             for (int s = 0; s < t; s++) {
-                const float a = KK[t * LA + s];
+                const float a = As[t * LA + s];
                 if (s & 1) {
                     x1 -= a * x[s];
                     y1 -= a * y[s];
@@ -220,37 +251,34 @@ __global__ void __launch_bounds__(gdc::NT, 1)
             Wo[t * DK] = y[t];
         }
     }
-    for (int i = tid; i < L * (L / 4); i += NT) {
-        const int t = i / (L / 4), e = (i % (L / 4)) * 4;
-        st4(M + (cj * L + t) * L + e, ld4(QK + t * LA + e));
-    }
     if (tid < L) Gc[cj * L + tid] = Gs[tid];
 }
 
 // Phase B. Grid (Hv, 128 / gdc::CW), gdc::NT threads, gdc::smem_b bytes; serial over the
 // chunks of T tokens. Reads phase A's U, W, M, Gc and conv_out's q, k; updates the state
 // ssm [Hv][dk][dv] in place and writes o [T][Hv * dv] as k_gdn_recur does.
-// Loads overlap the products: chunk c + 1's W, M, U and log-decay sums (double-buffered)
-// and chunk c's raw q and k rows come by cp.async while D = U - W S is computed; the
-// decays are applied to D's rows (K'^T D = K^T (diag(exp(G_L - G)) D)) and to O's rows
-// (diag(gamma) Q S) instead of to the q and k rows, so those are copied as they are.
+// Per chunk (warp w): D = U - W S0 (rows 16w..), written over U and, times exp(G_L - G),
+// into Dp; the new state gamma_L S0 + K^T Dp (rows 32w.., in registers) and
+// O = diag(gamma) Q S0 (rows 16w..); a barrier, the new state into Ss, O += M D (M's
+// lower tiles only), O out. Loads overlap the products by cp.async: chunk c + 1's W, M,
+// U and log-decay sums (double-buffered) from the first barrier on, its q and k rows
+// from the third (every read of this chunk's is done by then).
 __global__ void __launch_bounds__(gdc::NT, 1)
     k_gdn_chunk_b(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *U, const float *W,
                   const float *M, const float *Gc, float *ssm, float *o, int T) {
     using namespace gdc;
     GDC_SMEM(gsm);
     float *const Ss = gsm;              // the state's 32 columns [DK][LC]
-    float *const Wb = Ss + DK * LC;     // [2][L][LD]
-    float *const Mb = Wb + 2 * L * LD;  // [2][L][LA]
+    float *const Wb = Ss + DK * LC;     // [2][L][LQ]
+    float *const Mb = Wb + 2 * L * LQ;  // [2][L][LA]
     float *const Ub = Mb + 2 * L * LA;  // [2][L][LC]: U's columns, then D
     float *const Gb = Ub + 2 * L * LC;  // [2][L]
-    float *const Qr = Gb + 2 * L;       // q rows [L][LD]
-    float *const Kr = Qr + L * LD;      // k rows [L][LD]
-    float *const Dp = Kr + L * LD;      // diag(exp(G_L - G)) D [L][LC]
-    float *const Oc = Dp + L * LC;      // [L][LC]
+    float *const Qr = Gb + 2 * L;       // q rows [L][LQ]
+    float *const Kr = Qr + L * LQ;      // k rows [L][LK]
+    float *const Dp = Kr + L * LK;      // diag(exp(G_L - G)) D [L][LC]
     pdl_wait();
-    const int j = blockIdx.x, col0 = blockIdx.y * CW, tid = threadIdx.x, warp = tid >> 5;
-    const int hk = j / (Hv / Hk);
+    const int j = blockIdx.x, col0 = blockIdx.y * CW, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3, hk = j / (Hv / Hk);
     const int64_t VD = (int64_t)Hv * DK;
     float *const Sg = ssm + (int64_t)j * DK * DK + col0;
     // chunk c's W, M, U columns and log-decay sums into buffer b: one commit group
@@ -258,7 +286,7 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         const int64_t cj = (int64_t)c * Hv + j;
         for (int i = tid; i < L * (DK / 4); i += NT) {
             const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
-            cp_async16(Wb + (b * L + t) * LD + e, W + (cj * L + t) * DK + e, true);
+            cp_async16(Wb + (b * L + t) * LQ + e, W + (cj * L + t) * DK + e, true);
         }
         for (int i = tid; i < L * (L / 4); i += NT) {
             const int t = i / (L / 4), e = (i % (L / 4)) * 4;
@@ -277,8 +305,8 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         for (int i = tid; i < L * (DK / 4); i += NT) {
             const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
             const float *row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD;
-            cp_async16(Qr + t * LD + e, row + (int64_t)hk * DK + e, t < n);
-            cp_async16(Kr + t * LD + e, row + KD + (int64_t)hk * DK + e, t < n);
+            cp_async16(Qr + t * LQ + e, row + (int64_t)hk * DK + e, t < n);
+            cp_async16(Kr + t * LK + e, row + KD + (int64_t)hk * DK + e, t < n);
         }
         cp_async_commit();
     };
@@ -286,98 +314,133 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Ss + r * LC + e, ld4(Sg + (int64_t)r * DK + e));
     }
-    const int nch = (T + L - 1) / L;
+    const int nch = (T + L - 1) / L, r0 = 16 * warp;
     issue_wmu(0, 0);
+    issue_qk(0);
 #pragma unroll 1
     for (int c = 0; c < nch; c++) {
         const int b = c & 1, t0 = c * L, n = T - t0 < L ? T - t0 : L;
-        // Qr, Kr and buffer b ^ 1 were last read before the previous chunk's last barrier
-        issue_qk(c);
+        // pending: chunk c's W, M, U, G, then its q, k
+        cp_async_wait<1>();
+        __syncthreads(); // (A) everyone's W, M, U, G (and, first time round, S); buffer b ^ 1 free
         if (c + 1 < nch) issue_wmu(c + 1, b ^ 1);
         else cp_async_commit(); // (an empty group keeps the count)
-        cp_async_wait<2>();     // this thread's part of chunk c's W, M, U, G
-        __syncthreads();        // everyone's (and, first time round, S)
-        const float *const Wc = Wb + b * L * LD, *const Mc = Mb + b * L * LA, *const Gs = Gb + b * L;
+        const float *const Wc = Wb + b * L * LQ, *const Mc = Mb + b * L * LA, *const Gs = Gb + b * L;
         float *const Dc = Ub + b * L * LC;
-        const float GL = Gs[n - 1];
-        // D = U - W S0: warp w, row tile w, both column tiles
+        const float GL = Gs[n - 1], ga = Gs[r0 + g], gb = Gs[r0 + g + 8];
+        { // D = U - W S0
+            float acc[4][4] = {}, cor[4][4] = {};
+#pragma unroll 4
+            for (int kk = 0; kk < DK / 8; kk++) {
+                fragA fa;
+                ldA(fa, Wc + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
-        for (int tj = 0; tj < 2; tj++) {
-            facc d;
-            wmma::load_matrix_sync(d, Dc + warp * 16 * LC + tj * 16, LC, wmma::mem_row_major);
-            mma3_rr(d, Wc + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8, -1.0f);
-            wmma::store_matrix_sync(Dc + warp * 16 * LC + tj * 16, d, LC, wmma::mem_row_major);
-        }
-        __syncthreads();
-        for (int i = tid; i < L * (CW / 4); i += NT) {
-            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
-            st4(Dp + t * LC + e, mul4(ld4(Dc + t * LC + e), expf(GL - Gs[t])));
+                for (int nt = 0; nt < 4; nt++) {
+                    fragB fb;
+                    ldB(fb, Ss + kk * 8 * LC + 8 * nt, LC, g, t4);
+                    mma3(acc[nt], cor[nt], fa, fb);
+                }
+            }
+            const float ea = expf(GL - ga), eb = expf(GL - gb);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int ia = (r0 + g) * LC + 8 * nt + 2 * t4, ib = ia + 8 * LC;
+                const float2 ua = ld2(Dc + ia), ub = ld2(Dc + ib);
+                const float d0 = ua.x - (acc[nt][0] + cor[nt][0]), d1 = ua.y - (acc[nt][1] + cor[nt][1]);
+                const float d2 = ub.x - (acc[nt][2] + cor[nt][2]), d3 = ub.y - (acc[nt][3] + cor[nt][3]);
+                st2(Dc + ia, d0, d1);
+                st2(Dc + ib, d2, d3);
+                st2(Dp + ia, d0 * ea, d1 * ea);
+                st2(Dp + ib, d2 * eb, d3 * eb);
+            }
         }
         cp_async_wait<1>(); // this thread's q and k rows
-        __syncthreads();    // everyone's, and Dp
-        // the new state, gamma_L S0 + K^T Dp (row tiles 2w, 2w + 1), kept in registers until
-        // every warp has read S0
-        facc sn[2][2];
+        __syncthreads();    // (B) everyone's, and D, Dp
+        // the new state, gamma_L S0 + K^T Dp (rows 32w..), kept in registers until every
+        // warp has read S0
+        float sa[2][4][4], sc[2][4][4];
         const float gl = expf(GL);
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int bb = 0; bb < 2; bb++) {
-                wmma::load_matrix_sync(sn[a][bb], Ss + (2 * warp + a) * 16 * LC + bb * 16, LC, wmma::mem_row_major);
+            for (int nt = 0; nt < 4; nt++) {
+                const int ia = (32 * warp + 16 * mt + g) * LC + 8 * nt + 2 * t4;
+                const float2 x = ld2(Ss + ia), y = ld2(Ss + ia + 8 * LC);
+                sa[mt][nt][0] = gl * x.x;
+                sa[mt][nt][1] = gl * x.y;
+                sa[mt][nt][2] = gl * y.x;
+                sa[mt][nt][3] = gl * y.y;
 #pragma unroll
-                for (int i = 0; i < sn[a][bb].num_elements; i++) sn[a][bb].x[i] *= gl;
+                for (int e = 0; e < 4; e++) sc[mt][nt][e] = 0.0f;
             }
 #pragma unroll 2
         for (int kk = 0; kk < L / 8; kk++) {
-            fb_row bh[2], bl[2];
+            fragB fb[4];
 #pragma unroll
-            for (int bb = 0; bb < 2; bb++) {
-                wmma::load_matrix_sync(bh[bb], Dp + kk * 8 * LC + bb * 16, LC);
-                split(bh[bb], bl[bb]);
-            }
+            for (int nt = 0; nt < 4; nt++) ldB(fb[nt], Dp + kk * 8 * LC + 8 * nt, LC, g, t4);
 #pragma unroll
-            for (int a = 0; a < 2; a++) {
-                fa_col ah, al; // A = K^T: A[i][s] = K[s][i]
-                wmma::load_matrix_sync(ah, Kr + kk * 8 * LD + (2 * warp + a) * 16, LD);
-                split(ah, al);
+            for (int mt = 0; mt < 2; mt++) {
+                fragA fa; // A(i, s) = K[s][i]
+                ldAt(fa, Kr + kk * 8 * LK + 32 * warp + 16 * mt, LK, g, t4);
 #pragma unroll
-                for (int bb = 0; bb < 2; bb++) mma3(sn[a][bb], ah, al, bh[bb], bl[bb]);
+                for (int nt = 0; nt < 4; nt++) mma3(sa[mt][nt], sc[mt][nt], fa, fb[nt]);
             }
         }
-        // O = diag(gamma) (Q S0) + M D, in two passes through Oc: warp w, row tile w
+        // O = Q S0 (rows 16w..), scaled by gamma below
+        float oa[4][4] = {}, oc[4][4] = {};
+#pragma unroll 4
+        for (int kk = 0; kk < DK / 8; kk++) {
+            fragA fa;
+            ldA(fa, Qr + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
-        for (int tj = 0; tj < 2; tj++) {
-            facc oc;
-            wmma::fill_fragment(oc, 0.0f);
-            mma3_rr(oc, Qr + warp * 16 * LD, LD, Ss + tj * 16, LC, DK / 8);
-            wmma::store_matrix_sync(Oc + warp * 16 * LC + tj * 16, oc, LC, wmma::mem_row_major);
+            for (int nt = 0; nt < 4; nt++) {
+                fragB fb;
+                ldB(fb, Ss + kk * 8 * LC + 8 * nt, LC, g, t4);
+                mma3(oa[nt], oc[nt], fa, fb);
+            }
         }
-        __syncthreads(); // every read of S0 done; Q S0 complete
+        __syncthreads(); // (C) every read of S0, q and k done
+        if (c + 1 < nch) issue_qk(c + 1);
+        else cp_async_commit();
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-            for (int bb = 0; bb < 2; bb++)
-                wmma::store_matrix_sync(Ss + (2 * warp + a) * 16 * LC + bb * 16, sn[a][bb], LC, wmma::mem_row_major);
-        for (int i = tid; i < L * (CW / 4); i += NT) {
-            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
-            st4(Oc + t * LC + e, mul4(ld4(Oc + t * LC + e), expf(Gs[t])));
-        }
-        __syncthreads();
+            for (int nt = 0; nt < 4; nt++) {
+                const int ia = (32 * warp + 16 * mt + g) * LC + 8 * nt + 2 * t4;
+                st2(Ss + ia, sa[mt][nt][0] + sc[mt][nt][0], sa[mt][nt][1] + sc[mt][nt][1]);
+                st2(Ss + ia + 8 * LC, sa[mt][nt][2] + sc[mt][nt][2], sa[mt][nt][3] + sc[mt][nt][3]);
+            }
+        const float qa = expf(ga), qb = expf(gb);
 #pragma unroll
-        for (int tj = 0; tj < 2; tj++) {
-            facc oc;
-            wmma::load_matrix_sync(oc, Oc + warp * 16 * LC + tj * 16, LC, wmma::mem_row_major);
-            mma3_rr(oc, Mc + warp * 16 * LA, LA, Dc + tj * 16, LC, L / 8);
-            wmma::store_matrix_sync(Oc + warp * 16 * LC + tj * 16, oc, LC, wmma::mem_row_major);
+        for (int nt = 0; nt < 4; nt++) {
+            oa[nt][0] = qa * (oa[nt][0] + oc[nt][0]);
+            oa[nt][1] = qa * (oa[nt][1] + oc[nt][1]);
+            oa[nt][2] = qb * (oa[nt][2] + oc[nt][2]);
+            oa[nt][3] = qb * (oa[nt][3] + oc[nt][3]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) oc[nt][e] = 0.0f;
         }
-        __syncthreads();
-        for (int i = tid; i < n * (CW / 4); i += NT) {
-            const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
-            st4(o + (int64_t)(t0 + t) * VD + (int64_t)j * DK + col0 + e, ld4(Oc + t * LC + e));
+        // O += M D: M is zero above the diagonal, so row tile w needs columns < 16 (w + 1)
+#pragma unroll 1
+        for (int kk = 0; kk < 2 * warp + 2; kk++) {
+            fragA fa;
+            ldA(fa, Mc + r0 * LA + kk * 8, LA, g, t4);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                fragB fb;
+                ldB(fb, Dc + kk * 8 * LC + 8 * nt, LC, g, t4);
+                mma3(oa[nt], oc[nt], fa, fb);
+            }
         }
-        __syncthreads(); // Oc, Qr, Kr and buffer b are written again next round
+        float *const orow = o + (int64_t)(t0 + r0 + g) * VD + (int64_t)j * DK + col0 + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            if (r0 + g < n) st2(orow + 8 * nt, oa[nt][0] + oc[nt][0], oa[nt][1] + oc[nt][1]);
+            if (r0 + g + 8 < n) st2(orow + 8 * VD + 8 * nt, oa[nt][2] + oc[nt][2], oa[nt][3] + oc[nt][3]);
+        }
     }
     cp_async_wait<0>();
+    __syncthreads(); // the last state stored by every warp
     for (int i = tid; i < DK * (CW / 4); i += NT) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Sg + (int64_t)r * DK + e, ld4(Ss + r * LC + e));
