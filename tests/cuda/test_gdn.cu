@@ -566,12 +566,12 @@ static void time_prefill(int T) {
     const size_t nc = (size_t)nch * (size_t)G.Hv * gdc::L;
     float *U = d.scratch.p, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
     const float t_a = time_ms([&] {
-        k_gdn_chunk_a<<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NT, gdc::smem_a>>>(
+        k_gdn_chunk_a<<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NTA, gdc::smem_a>>>(
             d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
         CKL();
     });
     const float t_b = time_ms([&] {
-        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NT, gdc::smem_b>>>(
+        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NTB, gdc::smem_b>>>(
             d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
         CKL();
     });
@@ -600,7 +600,7 @@ int main(int argc, char **argv) {
     printf("bars: o and state max|err|/max|ref| <= %.0e; conv state exact; stages %.0e relative, gates %.0e absolute\n",
            TOL_O, TOL_STAGE, TOL_GATE);
     if (do_time) {
-        for (int T : {1024, 4096, 16384}) time_prefill(T);
+        for (int T : {16, 64, 128, 256, 1024, 4096, 16384}) time_prefill(T);
         return 0;
     }
     if (use_chunk) { // the chunked prefill (the decode steps between and after are k_gdn_step's)

@@ -336,7 +336,8 @@ struct lilac_session {
     unsigned *moe_count;         // and its arrival count
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
-    float *lgd, *gdn_scratch; // the chunked GDN prefill (LILAC_GDN_CHUNK=1, cuda_gdn_chunk.cuh): log decays, scratch; else null
+    float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
+    int gdn_chunk_min;        // the fewest prompt tokens that take the chunked form (LILAC_GDN_CHUNK; 0: never)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -664,9 +665,11 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
     s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
-    const char *gch = getenv("LILAC_GDN_CHUNK"); // opt-in until measured (cuda_gdn_chunk.cuh)
-    const bool gdn_chunk = gch && *gch && strcmp(gch, "0") &&
-                           gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
+    // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prompts of gdn_chunk_min tokens or more;
+    // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
+    s->gdn_chunk_min = 64;
+    if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
+    const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
                     (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
@@ -952,7 +955,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
                                          d.A_log, d.dt_bias, Hv, s->beta, s->decay, s->lgd);
         CKL();
         prof_mark(s, PH_GDN_CONV);
-        if (s->gdn_scratch) { // the chunked form (opt-in)
+        if (s->gdn_scratch && T >= s->gdn_chunk_min) { // the chunked form
             CK(gdn_chunk_launch(s->conv_out, CD, KD, c->lin_k_heads, Hv, s->beta, s->lgd, s->ssm[(size_t)l], s->o, T,
                                 s->gdn_scratch, s->st));
         } else {

@@ -57,7 +57,8 @@ namespace gdc {
 constexpr int L = 64;       // tokens per chunk
 constexpr int DK = 128;     // key dim = value dim
 constexpr int CW = 32;      // phase B: state columns per block
-constexpr int NT = 128;     // threads per block (4 warps)
+constexpr int NTA = 256;    // phase A: threads per block (8 warps)
+constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (one left each idle at every dependency)
 // Row strides in shared memory (floats), chosen so that every fragment load below is free
 // of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
 // (ldA, ldBt: lane (g, t) reads row g, column t), wants a stride of 4 mod 32; a tile read
@@ -133,12 +134,12 @@ __device__ __forceinline__ float2 ld2(const float *p) { return *reinterpret_cast
 __device__ __forceinline__ void st2(float *p, float x, float y) { *reinterpret_cast<float2 *>(p) = make_float2(x, y); }
 } // namespace gdc
 
-// Phase A. Grid (chunks, Hv), gdc::NT threads, gdc::smem_a bytes (two blocks per SM).
+// Phase A. Grid (chunks, Hv), gdc::NTA threads, gdc::smem_a bytes (two blocks per SM).
 // Inputs as k_gdn_recur's (conv_out after k_gdn_prep: q, k normalised, q scaled) plus lgd,
 // the log decays [T][Hv]. Writes U, W, M and Gc (the inclusive log-decay sums) of chunk c,
 // head j at c * Hv + j; rows past the last token are zero (Gc there: the chunk's total).
 // M's tiles above the diagonal (16 x 16) are not written: phase B never reads them.
-__global__ void __launch_bounds__(gdc::NT, 2)
+__global__ void __launch_bounds__(gdc::NTA, 2)
     k_gdn_chunk_a(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta, const float *lgd,
                   int T, float *U, float *W, float *M, float *Gc) {
     using namespace gdc;
@@ -150,7 +151,7 @@ __global__ void __launch_bounds__(gdc::NT, 2)
     const int g = lane >> 2, t4 = lane & 3;
     const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j / (Hv / Hk);
 #pragma unroll 4
-    for (int i = tid; i < L * (DK / 4); i += NT) {
+    for (int i = tid; i < L * (DK / 4); i += NTA) {
         const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q;
         if (t < n) {
@@ -179,13 +180,14 @@ __global__ void __launch_bounds__(gdc::NT, 2)
         Bg[tb] = bb * expf(s);
     }
     __syncthreads();
-    // K K^T and Q K^T, the tiles on and below the diagonal: warp w, row tile w; then the
-    // masks and decays on the accumulators, A into As and M out
-    const int r0 = 16 * warp;
+    // K K^T and Q K^T, the ten 16 x 16 tiles on and below the diagonal (row tile rt, column
+    // tile tj <= rt, numbered row by row): warp w takes tiles w and w + 8; then the masks
+    // and decays on the accumulators, A into As and M out
     const int64_t cj = (int64_t)c * Hv + j;
     float *const Mo = M + cj * L * L;
 #pragma unroll 1
-    for (int tj = 0; tj <= warp; tj++) {
+    for (int idx = warp; idx < 10; idx += NTA / 32) {
+        const int rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
         float ak[2][4] = {}, ck[2][4] = {}, aq[2][4] = {}, cq[2][4] = {};
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
@@ -216,54 +218,40 @@ __global__ void __launch_bounds__(gdc::NT, 2)
             }
     }
     __syncthreads();
-    // (I + A) X = B by forward substitution: thread tid solves column tid of U (right-hand
-    // side beta V, read from conv_out) and of W (beta gamma K) in registers, two partial
-    // sums per row for two independent FMA chains each
+    // (I + A) X = B by forward substitution, one column per thread in registers: threads
+    // 0..127 solve U's (right-hand side beta V, read from conv_out), 128..255 W's (beta
+    // gamma K); four partial sums per row for four independent FMA chains
     {
-        float x[L], y[L];
-        const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + tid;
+        const int col = tid & (DK - 1);
+        const bool isu = tid < DK; // warp-uniform
+        float x[L];
+        const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + col;
 #pragma unroll
-        for (int t = 0; t < L; t++) {
-            x[t] = t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f;
-            y[t] = Bg[t] * Ks[t * LQ + tid];
-        }
+        for (int t = 0; t < L; t++) x[t] = isu ? (t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f) : Bg[t] * Ks[t * LQ + col];
 #pragma unroll
         for (int t = 1; t < L; t++) {
-            float x0 = x[t], x1 = 0.0f, y0 = y[t], y1 = 0.0f;
+            float p[4] = {x[t], 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s = 0; s < t; s++) {
-                const float a = As[t * LA + s];
-                if (s & 1) {
-                    x1 -= a * x[s];
-                    y1 -= a * y[s];
-                } else {
-                    x0 -= a * x[s];
-                    y0 -= a * y[s];
-                }
-            }
-            x[t] = x0 + x1;
-            y[t] = y0 + y1;
+            for (int s = 0; s < t; s++) p[s & 3] -= As[t * LA + s] * x[s];
+            x[t] = (p[0] + p[1]) + (p[2] + p[3]);
         }
-        float *const Uo = U + cj * L * DK + tid, *const Wo = W + cj * L * DK + tid;
+        float *const out = (isu ? U : W) + cj * L * DK + col;
 #pragma unroll
-        for (int t = 0; t < L; t++) {
-            Uo[t * DK] = x[t];
-            Wo[t * DK] = y[t];
-        }
+        for (int t = 0; t < L; t++) out[t * DK] = x[t];
     }
     if (tid < L) Gc[cj * L + tid] = Gs[tid];
 }
 
-// Phase B. Grid (Hv, 128 / gdc::CW), gdc::NT threads, gdc::smem_b bytes; serial over the
+// Phase B. Grid (Hv, 128 / gdc::CW), gdc::NTB threads, gdc::smem_b bytes; serial over the
 // chunks of T tokens. Reads phase A's U, W, M, Gc and conv_out's q, k; updates the state
 // ssm [Hv][dk][dv] in place and writes o [T][Hv * dv] as k_gdn_recur does.
-// Per chunk (warp w): D = U - W S0 (rows 16w..), written over U and, times exp(G_L - G),
-// into Dp; the new state gamma_L S0 + K^T Dp (rows 32w.., in registers) and
-// O = diag(gamma) Q S0 (rows 16w..); a barrier, the new state into Ss, O += M D (M's
-// lower tiles only), O out. Loads overlap the products by cp.async: chunk c + 1's W, M,
+// Per chunk, warp w (row tile rt = w % 4, column half w / 4 of the 32 columns): D = U - W S0
+// (rows 16 rt..), written over U and, times exp(G_L - G), into Dp; the new state
+// gamma_L S0 + K^T Dp (rows 16w.., all 32 columns, in registers) and O = diag(gamma) Q S0
+// (rows 16 rt..); a barrier, the new state into Ss, O += M D (M's lower tiles only), O out. Loads overlap the products by cp.async: chunk c + 1's W, M,
 // U and log-decay sums (double-buffered) from the first barrier on, its q and k rows
 // from the third (every read of this chunk's is done by then).
-__global__ void __launch_bounds__(gdc::NT, 1)
+__global__ void __launch_bounds__(gdc::NTB, 1)
     k_gdn_chunk_b(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *U, const float *W,
                   const float *M, const float *Gc, float *ssm, float *o, int T) {
     using namespace gdc;
@@ -278,21 +266,21 @@ __global__ void __launch_bounds__(gdc::NT, 1)
     float *const Dp = Kr + L * LK;      // diag(exp(G_L - G)) D [L][LC]
     pdl_wait();
     const int j = blockIdx.x, col0 = blockIdx.y * CW, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int g = lane >> 2, t4 = lane & 3, hk = j / (Hv / Hk);
+    const int g = lane >> 2, t4 = lane & 3, hk = j / (Hv / Hk), rt = warp & 3, n0 = 2 * (warp >> 2);
     const int64_t VD = (int64_t)Hv * DK;
     float *const Sg = ssm + (int64_t)j * DK * DK + col0;
     // chunk c's W, M, U columns and log-decay sums into buffer b: one commit group
     auto issue_wmu = [&](int c, int b) {
         const int64_t cj = (int64_t)c * Hv + j;
-        for (int i = tid; i < L * (DK / 4); i += NT) {
+        for (int i = tid; i < L * (DK / 4); i += NTB) {
             const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
             cp_async16(Wb + (b * L + t) * LQ + e, W + (cj * L + t) * DK + e, true);
         }
-        for (int i = tid; i < L * (L / 4); i += NT) {
+        for (int i = tid; i < L * (L / 4); i += NTB) {
             const int t = i / (L / 4), e = (i % (L / 4)) * 4;
             cp_async16(Mb + (b * L + t) * LA + e, M + (cj * L + t) * L + e, true);
         }
-        for (int i = tid; i < L * (CW / 4); i += NT) {
+        for (int i = tid; i < L * (CW / 4); i += NTB) {
             const int t = i / (CW / 4), e = (i % (CW / 4)) * 4;
             cp_async16(Ub + (b * L + t) * LC + e, U + (cj * L + t) * DK + col0 + e, true);
         }
@@ -302,7 +290,7 @@ __global__ void __launch_bounds__(gdc::NT, 1)
     // chunk c's q and k rows (zero past the last token): one commit group
     auto issue_qk = [&](int c) {
         const int t0 = c * L, n = T - t0 < L ? T - t0 : L;
-        for (int i = tid; i < L * (DK / 4); i += NT) {
+        for (int i = tid; i < L * (DK / 4); i += NTB) {
             const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
             const float *row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD;
             cp_async16(Qr + t * LQ + e, row + (int64_t)hk * DK + e, t < n);
@@ -310,11 +298,11 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         }
         cp_async_commit();
     };
-    for (int i = tid; i < DK * (CW / 4); i += NT) {
+    for (int i = tid; i < DK * (CW / 4); i += NTB) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Ss + r * LC + e, ld4(Sg + (int64_t)r * DK + e));
     }
-    const int nch = (T + L - 1) / L, r0 = 16 * warp;
+    const int nch = (T + L - 1) / L, r0 = 16 * rt;
     issue_wmu(0, 0);
     issue_qk(0);
 #pragma unroll 1
@@ -329,22 +317,22 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         float *const Dc = Ub + b * L * LC;
         const float GL = Gs[n - 1], ga = Gs[r0 + g], gb = Gs[r0 + g + 8];
         { // D = U - W S0
-            float acc[4][4] = {}, cor[4][4] = {};
+            float acc[2][4] = {}, cor[2][4] = {};
 #pragma unroll 4
             for (int kk = 0; kk < DK / 8; kk++) {
                 fragA fa;
                 ldA(fa, Wc + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
+                for (int nt = 0; nt < 2; nt++) {
                     fragB fb;
-                    ldB(fb, Ss + kk * 8 * LC + 8 * nt, LC, g, t4);
+                    ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
                     mma3(acc[nt], cor[nt], fa, fb);
                 }
             }
             const float ea = expf(GL - ga), eb = expf(GL - gb);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int ia = (r0 + g) * LC + 8 * nt + 2 * t4, ib = ia + 8 * LC;
+            for (int nt = 0; nt < 2; nt++) {
+                const int ia = (r0 + g) * LC + 8 * (n0 + nt) + 2 * t4, ib = ia + 8 * LC;
                 const float2 ua = ld2(Dc + ia), ub = ld2(Dc + ib);
                 const float d0 = ua.x - (acc[nt][0] + cor[nt][0]), d1 = ua.y - (acc[nt][1] + cor[nt][1]);
                 const float d2 = ub.x - (acc[nt][2] + cor[nt][2]), d3 = ub.y - (acc[nt][3] + cor[nt][3]);
@@ -356,46 +344,42 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         }
         cp_async_wait<1>(); // this thread's q and k rows
         __syncthreads();    // (B) everyone's, and D, Dp
-        // the new state, gamma_L S0 + K^T Dp (rows 32w..), kept in registers until every
+        // the new state, gamma_L S0 + K^T Dp (rows 16w..), kept in registers until every
         // warp has read S0
-        float sa[2][4][4], sc[2][4][4];
+        float sa[4][4], sc[4][4];
         const float gl = expf(GL);
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
+        for (int nt = 0; nt < 4; nt++) {
+            const int ia = (16 * warp + g) * LC + 8 * nt + 2 * t4;
+            const float2 x = ld2(Ss + ia), y = ld2(Ss + ia + 8 * LC);
+            sa[nt][0] = gl * x.x;
+            sa[nt][1] = gl * x.y;
+            sa[nt][2] = gl * y.x;
+            sa[nt][3] = gl * y.y;
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[nt][e] = 0.0f;
+        }
+#pragma unroll 4
+        for (int kk = 0; kk < L / 8; kk++) {
+            fragA fa; // A(i, s) = K[s][i]
+            ldAt(fa, Kr + kk * 8 * LK + 16 * warp, LK, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
-                const int ia = (32 * warp + 16 * mt + g) * LC + 8 * nt + 2 * t4;
-                const float2 x = ld2(Ss + ia), y = ld2(Ss + ia + 8 * LC);
-                sa[mt][nt][0] = gl * x.x;
-                sa[mt][nt][1] = gl * x.y;
-                sa[mt][nt][2] = gl * y.x;
-                sa[mt][nt][3] = gl * y.y;
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[mt][nt][e] = 0.0f;
-            }
-#pragma unroll 2
-        for (int kk = 0; kk < L / 8; kk++) {
-            fragB fb[4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) ldB(fb[nt], Dp + kk * 8 * LC + 8 * nt, LC, g, t4);
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++) {
-                fragA fa; // A(i, s) = K[s][i]
-                ldAt(fa, Kr + kk * 8 * LK + 32 * warp + 16 * mt, LK, g, t4);
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma3(sa[mt][nt], sc[mt][nt], fa, fb[nt]);
+                fragB fb;
+                ldB(fb, Dp + kk * 8 * LC + 8 * nt, LC, g, t4);
+                mma3(sa[nt], sc[nt], fa, fb);
             }
         }
-        // O = Q S0 (rows 16w..), scaled by gamma below
-        float oa[4][4] = {}, oc[4][4] = {};
+        // O = Q S0 (rows 16 rt..), scaled by gamma below
+        float oa[2][4] = {}, oc[2][4] = {};
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
             fragA fa;
             ldA(fa, Qr + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
                 fragB fb;
-                ldB(fb, Ss + kk * 8 * LC + 8 * nt, LC, g, t4);
+                ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
                 mma3(oa[nt], oc[nt], fa, fb);
             }
         }
@@ -403,16 +387,14 @@ __global__ void __launch_bounds__(gdc::NT, 1)
         if (c + 1 < nch) issue_qk(c + 1);
         else cp_async_commit();
 #pragma unroll
-        for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int ia = (32 * warp + 16 * mt + g) * LC + 8 * nt + 2 * t4;
-                st2(Ss + ia, sa[mt][nt][0] + sc[mt][nt][0], sa[mt][nt][1] + sc[mt][nt][1]);
-                st2(Ss + ia + 8 * LC, sa[mt][nt][2] + sc[mt][nt][2], sa[mt][nt][3] + sc[mt][nt][3]);
-            }
+        for (int nt = 0; nt < 4; nt++) {
+            const int ia = (16 * warp + g) * LC + 8 * nt + 2 * t4;
+            st2(Ss + ia, sa[nt][0] + sc[nt][0], sa[nt][1] + sc[nt][1]);
+            st2(Ss + ia + 8 * LC, sa[nt][2] + sc[nt][2], sa[nt][3] + sc[nt][3]);
+        }
         const float qa = expf(ga), qb = expf(gb);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < 2; nt++) {
             oa[nt][0] = qa * (oa[nt][0] + oc[nt][0]);
             oa[nt][1] = qa * (oa[nt][1] + oc[nt][1]);
             oa[nt][2] = qb * (oa[nt][2] + oc[nt][2]);
@@ -420,28 +402,28 @@ __global__ void __launch_bounds__(gdc::NT, 1)
 #pragma unroll
             for (int e = 0; e < 4; e++) oc[nt][e] = 0.0f;
         }
-        // O += M D: M is zero above the diagonal, so row tile w needs columns < 16 (w + 1)
+        // O += M D: M is zero above the diagonal, so row tile rt needs columns < 16 (rt + 1)
 #pragma unroll 1
-        for (int kk = 0; kk < 2 * warp + 2; kk++) {
+        for (int kk = 0; kk < 2 * rt + 2; kk++) {
             fragA fa;
             ldA(fa, Mc + r0 * LA + kk * 8, LA, g, t4);
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
+            for (int nt = 0; nt < 2; nt++) {
                 fragB fb;
-                ldB(fb, Dc + kk * 8 * LC + 8 * nt, LC, g, t4);
+                ldB(fb, Dc + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
                 mma3(oa[nt], oc[nt], fa, fb);
             }
         }
-        float *const orow = o + (int64_t)(t0 + r0 + g) * VD + (int64_t)j * DK + col0 + 2 * t4;
+        float *const orow = o + (int64_t)(t0 + r0 + g) * VD + (int64_t)j * DK + col0 + 8 * n0 + 2 * t4;
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
+        for (int nt = 0; nt < 2; nt++) {
             if (r0 + g < n) st2(orow + 8 * nt, oa[nt][0] + oc[nt][0], oa[nt][1] + oc[nt][1]);
             if (r0 + g + 8 < n) st2(orow + 8 * VD + 8 * nt, oa[nt][2] + oc[nt][2], oa[nt][3] + oc[nt][3]);
         }
     }
     cp_async_wait<0>();
     __syncthreads(); // the last state stored by every warp
-    for (int i = tid; i < DK * (CW / 4); i += NT) {
+    for (int i = tid; i < DK * (CW / 4); i += NTB) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Sg + (int64_t)r * DK + e, ld4(Ss + r * LC + e));
     }
@@ -480,11 +462,11 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
     float *U = scratch, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
     // cudaLaunchKernel rather than <<< >>>, so that the emulator runs this function too
     void *aa[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&beta, (void *)&lgd, &T, &U, &W, &M, &Gc};
-    e = cudaLaunchKernel(k_gdn_chunk_a, dim3((unsigned)nch, (unsigned)Hv), dim3(gdc::NT), aa, gdc::smem_a, st);
+    e = cudaLaunchKernel(k_gdn_chunk_a, dim3((unsigned)nch, (unsigned)Hv), dim3(gdc::NTA), aa, gdc::smem_a, st);
     if (e != cudaSuccess) return e;
     const float *Uc = U, *Wc = W, *Mc = M, *Gcc = Gc;
     void *ab[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&Uc, (void *)&Wc, (void *)&Mc, (void *)&Gcc, &ssm, &o, &T};
-    e = cudaLaunchKernel(k_gdn_chunk_b, dim3((unsigned)Hv, (unsigned)(gdc::DK / gdc::CW)), dim3(gdc::NT), ab, gdc::smem_b, st);
+    e = cudaLaunchKernel(k_gdn_chunk_b, dim3((unsigned)Hv, (unsigned)(gdc::DK / gdc::CW)), dim3(gdc::NTB), ab, gdc::smem_b, st);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
