@@ -67,6 +67,8 @@ constexpr int LQ = DK + 4;  // 132: q, k (phase A) and W, q (phase B) rows
 constexpr int LK = DK + 8;  // 136: phase B's k rows (K^T as A)
 constexpr int LA = L + 4;   // 68: the 64 x 64 matrices (A, M)
 constexpr int LC = CW + 8;  // 40: phase B's 32-column blocks (S, U and D as B)
+constexpr int LX = 2 * DK + 8; // 264: phase A's solve, [U | W] (as B), over Ks and Qs (2 L LQ floats)
+static_assert(L * LX <= 2 * L * LQ, "phase A: X fits over Ks and Qs");
 constexpr size_t smem_a = sizeof(float) * (2 * L * LQ + L * LA + 3 * L);
 constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LQ + L * LA + L * LC + L) + L * LQ + L * LK + L * LC);
 
@@ -217,27 +219,73 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
                 st2(Mo + r * L + s, mv[0], mv[1]);
             }
     }
-    __syncthreads();
-    // (I + A) X = B by forward substitution, one column per thread in registers: threads
-    // 0..127 solve U's (right-hand side beta V, read from conv_out), 128..255 W's (beta
-    // gamma K); four partial sums per row for four independent FMA chains
-    {
-        const int col = tid & (DK - 1);
-        const bool isu = tid < DK; // warp-uniform
-        float x[L];
-        const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + col;
+    // (I + A) X = R, R = [beta V | beta gamma K] (64 x 256; X = [U | W]), in blocks of 16 rows
+    // over Ks and Qs (rows 32.. over Qs, free after the products; rows ..31 over Ks, once
+    // every thread holds its part of R):
+    //   X_i = (I + A_ii)^-1 (R_i - sum_{j<i} A_ij X_j)
+    // the sums on the tensor cores, the 16-row triangles by forward substitution, one
+    // column per thread. Warp w owns columns 32w.. of both, so after the first barrier
+    // the solve needs the warp's own synchronisation only.
+    float *const X = gsm; // [L][LX]: rows 0..31 over Ks, rows 32..63 over Qs exactly
+    const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + (tid & (DK - 1));
+    const bool isu = tid < DK; // warp-uniform: U's columns, else W's
+    auto rhs = [&](int t) { return isu ? (t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f) : Bg[t] * Ks[t * LQ + tid - DK]; };
+    __syncthreads(); // every product done (Qs free), As complete
+#pragma unroll 8
+    for (int t = L / 2; t < L; t++) X[t * LX + tid] = rhs(t);
+    float r[L / 2];
 #pragma unroll
-        for (int t = 0; t < L; t++) x[t] = isu ? (t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f) : Bg[t] * Ks[t * LQ + col];
+    for (int t = 0; t < L / 2; t++) r[t] = rhs(t);
+    __syncthreads(); // every read of Ks done
 #pragma unroll
-        for (int t = 1; t < L; t++) {
-            float p[4] = {x[t], 0.0f, 0.0f, 0.0f};
+    for (int t = 0; t < L / 2; t++) X[t * LX + tid] = r[t];
+    __syncwarp();
+#pragma unroll 1
+    for (int i = 0; i < L / 16; i++) {
+        if (i > 0) { // X_i -= A_i,<i X_<i: rows 16i.., the warp's 32 columns
+            float acc[4][4] = {}, cor[4][4] = {};
+#pragma unroll 1
+            for (int kk = 0; kk < 2 * i; kk++) {
+                fragA fa;
+                ldA(fa, As + 16 * i * LA + kk * 8, LA, g, t4);
 #pragma unroll
-            for (int s = 0; s < t; s++) p[s & 3] -= As[t * LA + s] * x[s];
-            x[t] = (p[0] + p[1]) + (p[2] + p[3]);
+                for (int nt = 0; nt < 4; nt++) {
+                    fragB fb;
+                    ldB(fb, X + kk * 8 * LX + 32 * warp + 8 * nt, LX, g, t4);
+                    mma3(acc[nt], cor[nt], fa, fb);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                float *const xa = X + (16 * i + g) * LX + 32 * warp + 8 * nt + 2 * t4, *const xb = xa + 8 * LX;
+                const float2 u = ld2(xa), v = ld2(xb);
+                st2(xa, u.x - (acc[nt][0] + cor[nt][0]), u.y - (acc[nt][1] + cor[nt][1]));
+                st2(xb, v.x - (acc[nt][2] + cor[nt][2]), v.y - (acc[nt][3] + cor[nt][3]));
+            }
+            __syncwarp();
         }
-        float *const out = (isu ? U : W) + cj * L * DK + col;
+        float x[16]; // the triangle, column tid
 #pragma unroll
-        for (int t = 0; t < L; t++) out[t * DK] = x[t];
+        for (int a = 0; a < 16; a++) x[a] = X[(16 * i + a) * LX + tid];
+#pragma unroll
+        for (int a = 1; a < 16; a++) {
+            const float *arow = As + (16 * i + a) * LA + 16 * i;
+            float p0 = x[a], p1 = 0.0f;
+#pragma unroll
+            for (int b = 0; b < a; b++) {
+                if (b & 1) p1 -= arow[b] * x[b];
+                else p0 -= arow[b] * x[b];
+            }
+            x[a] = p0 + p1;
+        }
+#pragma unroll
+        for (int a = 0; a < 16; a++) X[(16 * i + a) * LX + tid] = x[a];
+        __syncwarp();
+    }
+    {
+        float *const out = (tid < DK ? U : W) + cj * L * DK + (tid & (DK - 1));
+#pragma unroll 8
+        for (int t = 0; t < L; t++) out[t * DK] = X[t * LX + tid];
     }
     if (tid < L) Gc[cj * L + tid] = Gs[tid];
 }
