@@ -101,7 +101,8 @@ step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { p
 model_checks() {
     if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1
+          LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gdnchunk.log" 2>&1 || rc=1; }
 }
 # A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
 # its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).
@@ -204,8 +205,10 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     fi
     grep -H -E "time decode|splits|FAIL|passed" "$OUT"/test*.log | sed "s|^$OUT/||"
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
+    # (and again with every prefill through the chunked GDN form, which by default starts at 128 tokens)
     [ -n "${AB_FULL:-}" ] && { ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size.log" 2>&1 || rc=1
-        grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" | cut -c1-160; }
+        LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size-gdnchunk.log" 2>&1 || rc=1
+        grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" "$OUT/test-full-size-gdnchunk.log" | cut -c1-160; }
     if [ -n "${AB_TESTS:-}" ]; then  # each other build's numerics: the GEMV/GEMM test, 4-layer and full-size models
         for b in "${ABS[@]}"; do
             [ -x "$b/cuda-tests/test_cuda" ] || continue
@@ -288,13 +291,14 @@ fi
     n=$(basename "$t" .cu)
     make -j"$NPROC" WERROR= "build/cuda-tests/$n" > "$LOGS/build-$n.log" 2>&1 || { echo "build $n failed"; tail -5 "$LOGS/build-$n.log"; continue; }
     step "kernel-$n" "./build/cuda-tests/$n"
-    # the opt-in chunked GDN prefill (LILAC_GDN_CHUNK=1) against the same reference
+    # the chunked GDN prefill (the default from 128 tokens) against the same reference, at every length
     [ "$n" = test_gdn ] && step kernel-test_gdn-chunk ./build/cuda-tests/test_gdn --chunk
 done
 [ "$MODE" != hf ] && [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
 if [ "$MODE" != hf ]; then
     step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
     step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
+    LILAC_GDN_CHUNK=1 step test-real-dims-gdnchunk ./build/cuda-tests/test_cuda /tmp/syn4 --quick  # every prefill chunked
     # the opt-in persistent decode kernel (cuda_decode.cuh) against the same CPU reference
     [ -d .devdata/tiny ] && LILAC_PERSISTENT=1 step test-persistent-tiny ./build/cuda-tests/test_cuda .devdata/tiny --quick
     LILAC_PERSISTENT=1 step test-persistent-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
@@ -327,6 +331,7 @@ if [ -n "$ALLCHECKS" ] || [ "$MODE" = bench ]; then
     # on the CPU (test_cuda): its 40 random routers have near-ties (relative gaps of 1e-5) that the backends'
     # rounding breaks either way, after which every later position moves through the recurrent state.
     [ -n "$ALLCHECKS" ] && step test-full-size ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only
+    [ -n "$ALLCHECKS" ] && LILAC_GDN_CHUNK=1 step test-full-size-gdnchunk ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only
 fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8

@@ -667,7 +667,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
     // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prompts of gdn_chunk_min tokens or more;
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
-    s->gdn_chunk_min = 64;
+    s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
     if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {

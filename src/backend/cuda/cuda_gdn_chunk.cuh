@@ -74,9 +74,10 @@ constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LQ + L * LA + L * 
 
 // The products: mma.sync m16n8k8 with tf32 operands and f32 accumulation, each operand
 // split x = hi + lo (hi: x with its low 13 bits cleared, exactly a tf32; lo = x - hi,
-// exact in f32, which the tensor core reads truncated to tf32), hi.hi into one
-// accumulator and lo.hi + hi.lo into a second: ~2^-19 relative per product, the two
-// accumulators' dependency chains one MMA and two long per step of 8. Fragment map
+// exact in f32, which the tensor core reads truncated to tf32), hi.hi, lo.hi and hi.lo
+// into three accumulators (acc3; one MMA per step of 8 on each dependency chain, so a
+// warp has three times the products in flight), summed hi + (lo.hi + hi.lo) at the end:
+// ~2^-19 relative per product. Fragment map
 // (PTX ISA; g = lane / 4, t = lane % 4): A 16 x 8: (g, t), (g + 8, t), (g, t + 4),
 // (g + 8, t + 4); B 8 x 8: (t, g), (t + 4, g); C 16 x 8: (g, 2t), (g, 2t + 1),
 // (g + 8, 2t), (g + 8, 2t + 1).
@@ -100,11 +101,15 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 #endif
 }
-// acc += hi.hi, cor += lo.hi + hi.lo
-__device__ __forceinline__ void mma3(float (&acc)[4], float (&cor)[4], const fragA &a, const fragB &b) {
-    mma(cor, a.l, b.h);
-    mma(cor, a.h, b.l);
-    mma(acc, a.h, b.h);
+struct acc3 {
+    float h[4], a[4], b[4]; // hi.hi, lo.hi, hi.lo
+    __device__ __forceinline__ float v(int i) const { return h[i] + (a[i] + b[i]); }
+    __device__ __forceinline__ void set(int i, float x) { h[i] = x, a[i] = 0.0f, b[i] = 0.0f; }
+};
+__device__ __forceinline__ void mma3(acc3 &c, const fragA &a, const fragB &b) {
+    mma(c.a, a.l, b.h);
+    mma(c.b, a.h, b.l);
+    mma(c.h, a.h, b.h);
 }
 // A (16 x 8) at p, row-major: A(m, k) = p[m ld + k]
 __device__ __forceinline__ void ldA(fragA &f, const float *p, int ld, int g, int t) {
@@ -130,6 +135,13 @@ __device__ __forceinline__ void ldBt(fragB &f, const float *p, int ld, int g, in
     split(p[g * ld + t], f.h[0], f.l[0]);
     split(p[g * ld + t + 4], f.h[1], f.l[1]);
 }
+__device__ __forceinline__ void prefetch_l2(const float *p) {
+#ifndef LILAC_CUEMU
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 __device__ __forceinline__ float4 ld4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
 __device__ __forceinline__ void st4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
 __device__ __forceinline__ float2 ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
@@ -152,7 +164,16 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     const int c = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j / (Hv / Hk);
-#pragma unroll 4
+    // Every load is issued before any result is needed: warp 0's decays and betas, the
+    // chunk's v rows into L2 (read after the products, one 128-byte line a thread), q and k.
+    const int ta = 2 * lane, tb = ta + 1;
+    float a0 = 0.0f, a1 = 0.0f, ba = 0.0f, bb = 0.0f;
+    if (warp == 0) {
+        if (ta < n) a0 = lgd[(int64_t)(t0 + ta) * Hv + j], ba = beta[(int64_t)(t0 + ta) * Hv + j];
+        if (tb < n) a1 = lgd[(int64_t)(t0 + tb) * Hv + j], bb = beta[(int64_t)(t0 + tb) * Hv + j];
+    }
+    if (tid / 4 < n) prefetch_l2(conv_out + (int64_t)(t0 + tid / 4) * CD + 2 * KD + (int64_t)j * DK + 32 * (tid & 3));
+#pragma unroll
     for (int i = tid; i < L * (DK / 4); i += NTA) {
         const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
         float4 q = make_float4(0.f, 0.f, 0.f, 0.f), k = q;
@@ -165,15 +186,12 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
         st4(Ks + t * LQ + e, k);
     }
     if (warp == 0) { // Gs = inclusive sums of the log decays (two tokens a lane), Bs = beta
-        const int ta = 2 * lane, tb = ta + 1;
-        const float a0 = ta < n ? lgd[(int64_t)(t0 + ta) * Hv + j] : 0.0f, a1 = tb < n ? lgd[(int64_t)(t0 + tb) * Hv + j] : 0.0f;
         float s = a0 + a1;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float u = __shfl_up_sync(0xffffffffu, s, o);
             if (lane >= o) s += u;
         }
-        const float ba = ta < n ? beta[(int64_t)(t0 + ta) * Hv + j] : 0.0f, bb = tb < n ? beta[(int64_t)(t0 + tb) * Hv + j] : 0.0f;
         Gs[ta] = s - a1;
         Gs[tb] = s;
         Bs[ta] = ba;
@@ -190,7 +208,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
 #pragma unroll 1
     for (int idx = warp; idx < 10; idx += NTA / 32) {
         const int rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
-        float ak[2][4] = {}, ck[2][4] = {}, aq[2][4] = {}, cq[2][4] = {};
+        acc3 kk2[2] = {}, qk2[2] = {}; // K K^T, Q K^T
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
             fragA fk, fq;
@@ -200,8 +218,8 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             for (int nt = 0; nt < 2; nt++) {
                 fragB fb; // B(k, s) = K[s][k]
                 ldBt(fb, Ks + (16 * tj + 8 * nt) * LQ + kk * 8, LQ, g, t4);
-                mma3(ak[nt], ck[nt], fk, fb);
-                mma3(aq[nt], cq[nt], fq, fb);
+                mma3(kk2[nt], fk, fb);
+                mma3(qk2[nt], fq, fb);
             }
         }
 #pragma unroll
@@ -213,8 +231,8 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const float dec = s + e <= r ? expf(Gs[r] - Gs[s + e]) : 0.0f;
-                    As[r * LA + s + e] = s + e < r ? Bs[r] * dec * (ak[nt][2 * h + e] + ck[nt][2 * h + e]) : 0.0f;
-                    mv[e] = dec * (aq[nt][2 * h + e] + cq[nt][2 * h + e]);
+                    As[r * LA + s + e] = s + e < r ? Bs[r] * dec * kk2[nt].v(2 * h + e) : 0.0f;
+                    mv[e] = dec * qk2[nt].v(2 * h + e);
                 }
                 st2(Mo + r * L + s, mv[0], mv[1]);
             }
@@ -231,7 +249,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     const bool isu = tid < DK; // warp-uniform: U's columns, else W's
     auto rhs = [&](int t) { return isu ? (t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f) : Bg[t] * Ks[t * LQ + tid - DK]; };
     __syncthreads(); // every product done (Qs free), As complete
-#pragma unroll 8
+#pragma unroll
     for (int t = L / 2; t < L; t++) X[t * LX + tid] = rhs(t);
     float r[L / 2];
 #pragma unroll
@@ -243,7 +261,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
 #pragma unroll 1
     for (int i = 0; i < L / 16; i++) {
         if (i > 0) { // X_i -= A_i,<i X_<i: rows 16i.., the warp's 32 columns
-            float acc[4][4] = {}, cor[4][4] = {};
+            acc3 p[4] = {};
 #pragma unroll 1
             for (int kk = 0; kk < 2 * i; kk++) {
                 fragA fa;
@@ -252,15 +270,15 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
                 for (int nt = 0; nt < 4; nt++) {
                     fragB fb;
                     ldB(fb, X + kk * 8 * LX + 32 * warp + 8 * nt, LX, g, t4);
-                    mma3(acc[nt], cor[nt], fa, fb);
+                    mma3(p[nt], fa, fb);
                 }
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 float *const xa = X + (16 * i + g) * LX + 32 * warp + 8 * nt + 2 * t4, *const xb = xa + 8 * LX;
                 const float2 u = ld2(xa), v = ld2(xb);
-                st2(xa, u.x - (acc[nt][0] + cor[nt][0]), u.y - (acc[nt][1] + cor[nt][1]));
-                st2(xb, v.x - (acc[nt][2] + cor[nt][2]), v.y - (acc[nt][3] + cor[nt][3]));
+                st2(xa, u.x - p[nt].v(0), u.y - p[nt].v(1));
+                st2(xb, v.x - p[nt].v(2), v.y - p[nt].v(3));
             }
             __syncwarp();
         }
@@ -365,7 +383,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
         float *const Dc = Ub + b * L * LC;
         const float GL = Gs[n - 1], ga = Gs[r0 + g], gb = Gs[r0 + g + 8];
         { // D = U - W S0
-            float acc[2][4] = {}, cor[2][4] = {};
+            acc3 p[2] = {};
 #pragma unroll 4
             for (int kk = 0; kk < DK / 8; kk++) {
                 fragA fa;
@@ -374,7 +392,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
                 for (int nt = 0; nt < 2; nt++) {
                     fragB fb;
                     ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
-                    mma3(acc[nt], cor[nt], fa, fb);
+                    mma3(p[nt], fa, fb);
                 }
             }
             const float ea = expf(GL - ga), eb = expf(GL - gb);
@@ -382,8 +400,8 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
             for (int nt = 0; nt < 2; nt++) {
                 const int ia = (r0 + g) * LC + 8 * (n0 + nt) + 2 * t4, ib = ia + 8 * LC;
                 const float2 ua = ld2(Dc + ia), ub = ld2(Dc + ib);
-                const float d0 = ua.x - (acc[nt][0] + cor[nt][0]), d1 = ua.y - (acc[nt][1] + cor[nt][1]);
-                const float d2 = ub.x - (acc[nt][2] + cor[nt][2]), d3 = ub.y - (acc[nt][3] + cor[nt][3]);
+                const float d0 = ua.x - p[nt].v(0), d1 = ua.y - p[nt].v(1);
+                const float d2 = ub.x - p[nt].v(2), d3 = ub.y - p[nt].v(3);
                 st2(Dc + ia, d0, d1);
                 st2(Dc + ib, d2, d3);
                 st2(Dp + ia, d0 * ea, d1 * ea);
@@ -394,18 +412,16 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
         __syncthreads();    // (B) everyone's, and D, Dp
         // the new state, gamma_L S0 + K^T Dp (rows 16w..), kept in registers until every
         // warp has read S0
-        float sa[4][4], sc[4][4];
+        acc3 sn[4];
         const float gl = expf(GL);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int ia = (16 * warp + g) * LC + 8 * nt + 2 * t4;
             const float2 x = ld2(Ss + ia), y = ld2(Ss + ia + 8 * LC);
-            sa[nt][0] = gl * x.x;
-            sa[nt][1] = gl * x.y;
-            sa[nt][2] = gl * y.x;
-            sa[nt][3] = gl * y.y;
-#pragma unroll
-            for (int e = 0; e < 4; e++) sc[nt][e] = 0.0f;
+            sn[nt].set(0, gl * x.x);
+            sn[nt].set(1, gl * x.y);
+            sn[nt].set(2, gl * y.x);
+            sn[nt].set(3, gl * y.y);
         }
 #pragma unroll 4
         for (int kk = 0; kk < L / 8; kk++) {
@@ -415,11 +431,11 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
             for (int nt = 0; nt < 4; nt++) {
                 fragB fb;
                 ldB(fb, Dp + kk * 8 * LC + 8 * nt, LC, g, t4);
-                mma3(sa[nt], sc[nt], fa, fb);
+                mma3(sn[nt], fa, fb);
             }
         }
         // O = Q S0 (rows 16 rt..), scaled by gamma below
-        float oa[2][4] = {}, oc[2][4] = {};
+        acc3 oa[2] = {};
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
             fragA fa;
@@ -428,7 +444,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
             for (int nt = 0; nt < 2; nt++) {
                 fragB fb;
                 ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
-                mma3(oa[nt], oc[nt], fa, fb);
+                mma3(oa[nt], fa, fb);
             }
         }
         __syncthreads(); // (C) every read of S0, q and k done
@@ -437,18 +453,16 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int ia = (16 * warp + g) * LC + 8 * nt + 2 * t4;
-            st2(Ss + ia, sa[nt][0] + sc[nt][0], sa[nt][1] + sc[nt][1]);
-            st2(Ss + ia + 8 * LC, sa[nt][2] + sc[nt][2], sa[nt][3] + sc[nt][3]);
+            st2(Ss + ia, sn[nt].v(0), sn[nt].v(1));
+            st2(Ss + ia + 8 * LC, sn[nt].v(2), sn[nt].v(3));
         }
         const float qa = expf(ga), qb = expf(gb);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            oa[nt][0] = qa * (oa[nt][0] + oc[nt][0]);
-            oa[nt][1] = qa * (oa[nt][1] + oc[nt][1]);
-            oa[nt][2] = qb * (oa[nt][2] + oc[nt][2]);
-            oa[nt][3] = qb * (oa[nt][3] + oc[nt][3]);
-#pragma unroll
-            for (int e = 0; e < 4; e++) oc[nt][e] = 0.0f;
+            oa[nt].set(0, qa * oa[nt].v(0));
+            oa[nt].set(1, qa * oa[nt].v(1));
+            oa[nt].set(2, qb * oa[nt].v(2));
+            oa[nt].set(3, qb * oa[nt].v(3));
         }
         // O += M D: M is zero above the diagonal, so row tile rt needs columns < 16 (rt + 1)
 #pragma unroll 1
@@ -459,14 +473,14 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
             for (int nt = 0; nt < 2; nt++) {
                 fragB fb;
                 ldB(fb, Dc + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
-                mma3(oa[nt], oc[nt], fa, fb);
+                mma3(oa[nt], fa, fb);
             }
         }
         float *const orow = o + (int64_t)(t0 + r0 + g) * VD + (int64_t)j * DK + col0 + 8 * n0 + 2 * t4;
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            if (r0 + g < n) st2(orow + 8 * nt, oa[nt][0] + oc[nt][0], oa[nt][1] + oc[nt][1]);
-            if (r0 + g + 8 < n) st2(orow + 8 * VD + 8 * nt, oa[nt][2] + oc[nt][2], oa[nt][3] + oc[nt][3]);
+            if (r0 + g < n) st2(orow + 8 * nt, oa[nt].v(0), oa[nt].v(1));
+            if (r0 + g + 8 < n) st2(orow + 8 * VD + 8 * nt, oa[nt].v(2), oa[nt].v(3));
         }
     }
     cp_async_wait<0>();
