@@ -2,10 +2,11 @@
 // against plain CPU loops written here, in double (run on the device:
 // build/cuda-tests/test_gdn [--quick] [--chunk] [--time]; no model needed).
 //
-// --chunk: the prefill path through the chunked form instead of k_gdn_recur
-// (cuda_gdn_chunk.cuh, LILAC_GDN_CHUNK=1: k_gdn_chunk_a / k_gdn_chunk_b after
-// k_gdn_prep's log decays), at the real shape, over the chunk boundaries (64 tokens),
-// with the same reference and bars.
+// --chunk: every prefill through the chunked form instead of k_gdn_recur
+// (cuda_gdn_chunk.cuh, the backend's default from 128 tokens: k_gdn_chunk_a /
+// k_gdn_chunk_b after k_gdn_prep's log decays), at the real shape, at every length and
+// over the chunk boundaries (64 tokens), with the same reference and bars.
+// --time: the two forms' speed at 16 .. 16k tokens (a benchmark: nothing fails on it).
 //
 // Both paths of gdn_layer (cuda_backend.cu), launched exactly as it launches them:
 //   prefill (T tokens): k_conv<4> -> k_gdn_prep -> k_gdn_recur<dk, rg, c> -> k_gated_norm (several rg, c)

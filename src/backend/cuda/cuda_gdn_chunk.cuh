@@ -1,5 +1,7 @@
 // cuda_gdn_chunk.cuh — the gated delta rule of a prefill in chunks of 64 tokens, its
-// products on the tensor cores (the chunked "WY" form; opt-in: LILAC_GDN_CHUNK=1).
+// products on the tensor cores (the chunked "WY" form). The default for prompts of 128
+// tokens or more (LILAC_GDN_CHUNK: 0 never, n from n tokens): 1.6x the serial kernel at
+// 1k-16k tokens, +5-6% on a whole 1k/4k/32k prefill (docs/perf.md, session 11).
 //
 // The serial kernel (k_gdn_recur) runs, per value head j and token t,
 //   d_t = beta_t (v_t - a_t S^T k_t),   S = a_t S + k_t d_t^T,   o_t = S^T q_t
@@ -15,24 +17,23 @@
 //   O   = diag(gamma) Q S0 + M D,   M[t][s] = exp(G_t - G_s) q_t.k_s  (s <= t),
 //   S_L = gamma_L S0 + K'^T D,      K'[s] = exp(G_L - G_s) k_s.
 // Phase A (k_gdn_chunk_a, every chunk and head at once): K K^T and Q K^T, the masks and
-// gates, and the triangular solve for [U | W] (forward substitution, one column per
-// thread, in registers). Phase B (k_gdn_chunk_b, one block per head and 32 state
-// columns, serial over the chunks): D, O and the new state, three products per chunk,
-// the next chunk's operands loading meanwhile.
+// gates, and the triangular solve for [U | W] in blocks of 16 rows (the off-diagonal
+// sums on the tensor cores, the 16-row triangles by forward substitution). Phase B
+// (k_gdn_chunk_b, one block per head and 32 state columns, serial over the chunks): D,
+// O and the new state, four products per chunk, the next chunk's operands loading
+// meanwhile.
 //
-// Precision: every product is 3xTF32 (each operand split hi + lo in tf32, lo.hi + hi.lo
-// + hi.hi, f32 accumulation: ~2^-21 relative, f32-faithful like the serial kernel); the
-// decays come as exp of differences of the log-decay sums (never a ratio of two
-// underflowing products); the solve is f32. The products use WMMA (m16n16k8 tf32),
-// whose fragments are loaded from f32 tiles in shared memory and split element by
-// element (the split does not depend on the fragment layout).
+// Precision: every product is 3xTF32 on mma.sync m16n8k8 (see gdc::mma3: ~2^-19
+// relative, f32-faithful like the serial kernel: o and the state within ~1e-5 of the
+// double reference); the decays come as exp of differences of the log-decay sums (never
+// a ratio of two underflowing products); the triangles are solved in f32.
 //
 // Shapes: dk = dv = 128 (the model's), L = 64. Scratch per layer call: U, W
 // [chunks][Hv][64][128], M [chunks][Hv][64][64], the log-decay sums [chunks][Hv][64].
-// Not yet run on a GPU (written in session 10; docs/perf.md); the serial kernel stays
-// the default until test_gdn --chunk and a benchmark say otherwise. Without a GPU, the
-// CUDA emulator (tests/cuda/emu, with its WMMA stand-in) runs both phases in CI
-// (test_gdn_chunk_emu.cc): built with -DLILAC_CUEMU.
+// test_gdn --chunk checks both phases on the device (every length, chunk boundaries, a
+// 4k prefill), test_gdn --time times them against the serial kernel. Without a GPU, the
+// CUDA emulator (tests/cuda/emu, whose mma.h carries the instruction's fragment map)
+// runs both phases in CI (test_gdn_chunk_emu.cc): built with -DLILAC_CUEMU.
 #pragma once
 #include <stdint.h>
 

@@ -18,7 +18,7 @@
 // reported as a deadlock. CUEMU_SHUFFLE=1 resumes the threads in a random order
 // after each barrier, so a missing barrier shows up as a wrong result. Device
 // memory is host memory. Grids may be 2-D; a launch's dynamic shared memory is
-// cuemu::dyn_smem. mma.h beside this file stands in for WMMA (tf32), for
+// cuemu::dyn_smem. mma.h beside this file stands in for mma.sync m16n8k8 (tf32), for
 // src/backend/cuda/cuda_gdn_chunk.cuh (tests/cuda/emu/test_gdn_chunk_emu.cc).
 #pragma once
 #include <math.h>

@@ -1,7 +1,7 @@
 // test_gdn_chunk_emu.cc — the chunked GDN prefill (src/backend/cuda/cuda_gdn_chunk.cuh:
 // gdn_chunk_launch, k_gdn_chunk_a, k_gdn_chunk_b) run by the CUDA emulator on the CPU,
 // against the serial gated delta rule in double. Checks the kernels' logic (indexing,
-// masks, the solve, the products' operands and layouts through the WMMA API, barriers,
+// masks, the solve, every lane's fragments of the tensor-core products, barriers,
 // the state carried between calls) where CI has no GPU; test_gdn --chunk checks the
 // same kernels on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
