@@ -17,7 +17,8 @@
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
-#   gdn: test_gdn --time (the serial GDN prefill recurrence against the chunked form) and Nsight Compute on the chunked phases
+#   gdn: test_gdn --time (the serial GDN prefill recurrence against the chunked form) and Nsight Compute on the chunked phases;
+#        GDN_SANITIZE=1: compute-sanitizer's racecheck, synccheck and memcheck on test_gdn --chunk --quick instead
 #
 #   RUN_LIMIT=s: stop (and pack the logs) after s seconds, default 540; 0: no limit
 # Inputs it can use when present (carried by the device tool, git-ignored):
@@ -81,6 +82,14 @@ step() {  # name cmd...
 if [ "$MODE" = gdn ]; then  # the GDN prefill recurrence: serial against chunked (times), then Nsight Compute on the two phases at 4k
     step build-gdn make -j"$NPROC" WERROR= build/cuda-tests/test_gdn || exit 1
     step gdn-chunk ./build/cuda-tests/test_gdn --chunk --quick | grep -E "FAIL|passed|cases"
+    if [ -n "${GDN_SANITIZE:-}" ]; then  # shared-memory races, barrier misuse and out-of-bounds accesses of the same cases
+        for tool in racecheck synccheck memcheck; do
+            step "gdn-$tool" timeout "${SANITIZE_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
+                ./build/cuda-tests/test_gdn --chunk --quick | grep -E "ERROR|SUMMARY|passed|cases" | head -20
+        done
+        printf '%s\n' "${SUMMARY[@]}"
+        exit 0
+    fi
     step gdn-time ./build/cuda-tests/test_gdn --time
     # test_gdn --time launches 66 chunk kernels per length (16, 64, 128, 256, 1024 first); the next two are T = 4096's phases A and B
     ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 330 --launch-count 2 \
