@@ -59,7 +59,7 @@ constexpr int L = 64;       // tokens per chunk
 constexpr int DK = 128;     // key dim = value dim
 constexpr int CW = 32;      // phase B: state columns per block
 constexpr int NTA = 256;    // phase A: threads per block (8 warps)
-constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (one left each idle at every dependency)
+constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (1.07x over 4: docs/perf.md, run 80)
 // Row strides in shared memory (floats), chosen so that every fragment load below is free
 // of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
 // (ldA, ldBt: lane (g, t) reads row g, column t), wants a stride of 4 mod 32; a tile read
@@ -312,12 +312,13 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
 // Phase B. Grid (Hv, 128 / gdc::CW), gdc::NTB threads, gdc::smem_b bytes; serial over the
 // chunks of T tokens. Reads phase A's U, W, M, Gc and conv_out's q, k; updates the state
 // ssm [Hv][dk][dv] in place and writes o [T][Hv * dv] as k_gdn_recur does.
-// Per chunk, warp w (row tile rt = w % 4, column half w / 4 of the 32 columns): D = U - W S0
-// (rows 16 rt..), written over U and, times exp(G_L - G), into Dp; the new state
-// gamma_L S0 + K^T Dp (rows 16w.., all 32 columns, in registers) and O = diag(gamma) Q S0
-// (rows 16 rt..); a barrier, the new state into Ss, O += M D (M's lower tiles only), O out. Loads overlap the products by cp.async: chunk c + 1's W, M,
-// U and log-decay sums (double-buffered) from the first barrier on, its q and k rows
-// from the third (every read of this chunk's is done by then).
+// Per chunk, warp w (row tile rt = w % 4, column half w / 4 of the 32 columns): W S0 and
+// Q S0 (rows 16 rt.., from the same fragments of S0), D = U - W S0 written over U and,
+// times exp(G_L - G), into Dp; (barrier) the new state gamma_L S0 + K^T Dp (rows 16w..,
+// all 32 columns, in registers); (barrier) the new state into Ss, O = diag(gamma) Q S0 +
+// M D (M's lower tiles only), O out. Loads overlap the products by cp.async: chunk
+// c + 1's W, M, U and log-decay sums (double-buffered) from the first barrier on, its q
+// rows from the second, its k rows from the third (each once this chunk's are read).
 __global__ void __launch_bounds__(gdc::NTB, 1)
     k_gdn_chunk_b(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *U, const float *W,
                   const float *M, const float *Gc, float *ssm, float *o, int T) {
@@ -335,6 +336,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
     const int j = blockIdx.x, col0 = blockIdx.y * CW, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3, hk = j / (Hv / Hk), rt = warp & 3, n0 = 2 * (warp >> 2);
     const int64_t VD = (int64_t)Hv * DK;
+    const int nch = (T + L - 1) / L, r0 = 16 * rt;
     float *const Sg = ssm + (int64_t)j * DK * DK + col0;
     // chunk c's W, M, U columns and log-decay sums into buffer b: one commit group
     auto issue_wmu = [&](int c, int b) {
@@ -354,46 +356,52 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
         if (tid < L / 4) cp_async16(Gb + b * L + 4 * tid, Gc + cj * L + 4 * tid, true);
         cp_async_commit();
     };
-    // chunk c's q and k rows (zero past the last token): one commit group
-    auto issue_qk = [&](int c) {
+    // chunk c's q rows (off 0) or k rows (off KD) into dst (zero past the last token): one
+    // commit group; an empty one past the last chunk keeps the count
+    auto issue_rows = [&](int c, float *dst, int ld, int64_t off) {
         const int t0 = c * L, n = T - t0 < L ? T - t0 : L;
-        for (int i = tid; i < L * (DK / 4); i += NTB) {
-            const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
-            const float *row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD;
-            cp_async16(Qr + t * LQ + e, row + (int64_t)hk * DK + e, t < n);
-            cp_async16(Kr + t * LK + e, row + KD + (int64_t)hk * DK + e, t < n);
-        }
+        if (c < nch)
+            for (int i = tid; i < L * (DK / 4); i += NTB) {
+                const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
+                const float *row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD + off + (int64_t)hk * DK;
+                cp_async16(dst + t * ld + e, row + e, t < n);
+            }
         cp_async_commit();
     };
     for (int i = tid; i < DK * (CW / 4); i += NTB) {
         const int r = i / (CW / 4), e = (i % (CW / 4)) * 4;
         st4(Ss + r * LC + e, ld4(Sg + (int64_t)r * DK + e));
     }
-    const int nch = (T + L - 1) / L, r0 = 16 * rt;
     issue_wmu(0, 0);
-    issue_qk(0);
+    issue_rows(0, Qr, LQ, 0);
+    issue_rows(0, Kr, LK, KD);
 #pragma unroll 1
     for (int c = 0; c < nch; c++) {
         const int b = c & 1, t0 = c * L, n = T - t0 < L ? T - t0 : L;
-        // pending: chunk c's W, M, U, G, then its q, k
+        // pending: chunk c's W, M, U, G, then its q, then its k
         cp_async_wait<1>();
-        __syncthreads(); // (A) everyone's W, M, U, G (and, first time round, S); buffer b ^ 1 free
+        __syncthreads(); // (A) everyone's W, M, U, G, q (and, first time round, S); buffer b ^ 1 free
         if (c + 1 < nch) issue_wmu(c + 1, b ^ 1);
         else cp_async_commit(); // (an empty group keeps the count)
         const float *const Wc = Wb + b * L * LQ, *const Mc = Mb + b * L * LA, *const Gs = Gb + b * L;
         float *const Dc = Ub + b * L * LC;
         const float GL = Gs[n - 1], ga = Gs[r0 + g], gb = Gs[r0 + g + 8];
-        { // D = U - W S0
+        // W S0 and Q S0 (rows 16 rt.., the warp's 16 columns) from the same fragments of S0;
+        // D = U - W S0 out, Q S0 kept for O (scaled by gamma below)
+        acc3 oa[2] = {};
+        {
             acc3 p[2] = {};
-#pragma unroll 4
+#pragma unroll 2
             for (int kk = 0; kk < DK / 8; kk++) {
-                fragA fa;
-                ldA(fa, Wc + r0 * LQ + kk * 8, LQ, g, t4);
+                fragA fw, fq;
+                ldA(fw, Wc + r0 * LQ + kk * 8, LQ, g, t4);
+                ldA(fq, Qr + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
                     fragB fb;
                     ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
-                    mma3(p[nt], fa, fb);
+                    mma3(p[nt], fw, fb);
+                    mma3(oa[nt], fq, fb);
                 }
             }
             const float ea = expf(GL - ga), eb = expf(GL - gb);
@@ -409,8 +417,9 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
                 st2(Dp + ib, d2 * eb, d3 * eb);
             }
         }
-        cp_async_wait<1>(); // this thread's q and k rows
-        __syncthreads();    // (B) everyone's, and D, Dp
+        cp_async_wait<1>(); // this thread's k rows
+        __syncthreads();    // (B) everyone's, and D, Dp; every read of q done
+        issue_rows(c + 1, Qr, LQ, 0);
         // the new state, gamma_L S0 + K^T Dp (rows 16w..), kept in registers until every
         // warp has read S0
         acc3 sn[4];
@@ -435,22 +444,8 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
                 mma3(sn[nt], fa, fb);
             }
         }
-        // O = Q S0 (rows 16 rt..), scaled by gamma below
-        acc3 oa[2] = {};
-#pragma unroll 4
-        for (int kk = 0; kk < DK / 8; kk++) {
-            fragA fa;
-            ldA(fa, Qr + r0 * LQ + kk * 8, LQ, g, t4);
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                fragB fb;
-                ldB(fb, Ss + kk * 8 * LC + 8 * (n0 + nt), LC, g, t4);
-                mma3(oa[nt], fa, fb);
-            }
-        }
-        __syncthreads(); // (C) every read of S0, q and k done
-        if (c + 1 < nch) issue_qk(c + 1);
-        else cp_async_commit();
+        __syncthreads(); // (C) every read of S0 and k done
+        issue_rows(c + 1, Kr, LK, KD);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
             const int ia = (16 * warp + g) * LC + 8 * nt + 2 * t4;
