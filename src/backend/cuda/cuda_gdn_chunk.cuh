@@ -243,8 +243,8 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     // every thread holds its part of R):
     //   X_i = (I + A_ii)^-1 (R_i - sum_{j<i} A_ij X_j)
     // the sums on the tensor cores, the 16-row triangles by forward substitution, one
-    // column per thread. Warp w owns columns 32w.. of both, so after the first barrier
-    // the solve needs the warp's own synchronisation only.
+    // column per thread. Warp w owns columns 32w.. of the sums and of the triangles, so
+    // once R is in place the solve needs the warp's own synchronisation only.
     float *const X = gsm; // [L][LX]: rows 0..31 over Ks, rows 32..63 over Qs exactly
     const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + (tid & (DK - 1));
     const bool isu = tid < DK; // warp-uniform: U's columns, else W's
