@@ -38,7 +38,10 @@ LOGS=build/device-logs; mkdir -p "$LOGS"   # every step's log; the important one
 pack() {
     local rc=$?
     # the watchdog first, then its sleep (the other way round, it wakes and stops this script)
-    if [ -n "${WATCHDOG:-}" ]; then kill "$WATCHDOG" 2>/dev/null; pkill -P "$WATCHDOG" 2>/dev/null; fi
+    if [ -n "${WATCHDOG:-}" ]; then
+        local sl; sl=$(pgrep -P "$WATCHDOG")
+        kill "$WATCHDOG" 2>/dev/null; [ -n "$sl" ] && kill $sl 2>/dev/null
+    fi
     if tar czf /tmp/device-logs.tgz -C "$LOGS" . -C "$(cd "$OUT" && pwd)" --exclude=logs.tgz .; then
         find "$OUT" -maxdepth 1 -type f ! -name '*.json' -delete && mv /tmp/device-logs.tgz "$OUT/logs.tgz"
     else
@@ -81,14 +84,17 @@ step() {  # name cmd...
 }
 if [ "$MODE" = gdn ]; then  # the GDN prefill recurrence: serial against chunked (times), then Nsight Compute on the two phases at 4k
     step build-gdn make -j"$NPROC" WERROR= build/cuda-tests/test_gdn || exit 1
-    step gdn-chunk ./build/cuda-tests/test_gdn --chunk --quick | grep -E "FAIL|passed|cases"
+    # (steps without a pipe after them, so that their status reaches SUMMARY and FAILED; the logs are grepped)
+    step gdn-chunk ./build/cuda-tests/test_gdn --chunk --quick > /dev/null
+    grep -E "FAIL|passed|cases" "$LOGS/gdn-chunk.log"
     if [ -n "${GDN_SANITIZE:-}" ]; then  # shared-memory races, barrier misuse and out-of-bounds accesses of the same cases
         for tool in racecheck synccheck memcheck; do
             step "gdn-$tool" timeout "${SANITIZE_S:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-                ./build/cuda-tests/test_gdn --chunk --quick | grep -E "ERROR|SUMMARY|passed|cases" | head -20
+                ./build/cuda-tests/test_gdn --chunk --quick > /dev/null
+            grep -E "ERROR|SUMMARY|passed|cases" "$LOGS/gdn-$tool.log" | head -20
         done
         printf '%s\n' "${SUMMARY[@]}"
-        exit 0
+        exit $FAILED
     fi
     step gdn-time ./build/cuda-tests/test_gdn --time
     # test_gdn --time launches 66 chunk kernels per length (16, 64, 128, 256, 1024 first); the next two are T = 4096's phases A and B
@@ -102,7 +108,7 @@ if [ "$MODE" = gdn ]; then  # the GDN prefill recurrence: serial against chunked
         ./build/cuda-tests/test_gdn --time > "$LOGS/gdn-stalls.log" 2>&1
     grep -E "k_gdn_chunk|inst_executed|cycles_elapsed|stalled" "$LOGS/gdn-stalls.log" | awk '$NF+0 >= 0.05 || /k_gdn|inst_exec|cycles/' | head -60
     printf '%s\n' "${SUMMARY[@]}"
-    exit 0
+    exit $FAILED
 fi
 step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 # The short modes' pieces: the tiny and 4-layer real-dims whole-model checks (quick; rc=1 on a failure), and

@@ -337,7 +337,7 @@ struct lilac_session {
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
-    int gdn_chunk_min;        // the fewest prompt tokens that take the chunked form (LILAC_GDN_CHUNK; 0: never)
+    int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -665,7 +665,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
     s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
-    // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prompts of gdn_chunk_min tokens or more;
+    // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prefill calls of gdn_chunk_min tokens or more;
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
     if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);

@@ -1,7 +1,8 @@
 // cuda_gdn_chunk.cuh — the gated delta rule of a prefill in chunks of 64 tokens, its
-// products on the tensor cores (the chunked "WY" form). The default for prompts of 128
-// tokens or more (LILAC_GDN_CHUNK: 0 never, n from n tokens): 1.6x the serial kernel at
-// 1k-16k tokens, +5-6% on a whole 1k/4k/32k prefill (docs/perf.md, session 11).
+// products on the tensor cores (the chunked "WY" form). The default for every prefill
+// call (a prompt's piece of up to CHUNK tokens) of 128 tokens or more (LILAC_GDN_CHUNK: 0
+// never, n from n tokens): 1.6x the serial kernel at 1k-16k tokens, +5-6% on a whole
+// 1k/4k/32k prefill (docs/perf.md, session 11).
 //
 // The serial kernel (k_gdn_recur) runs, per value head j and token t,
 //   d_t = beta_t (v_t - a_t S^T k_t),   S = a_t S + k_t d_t^T,   o_t = S^T q_t
@@ -153,7 +154,7 @@ __device__ __forceinline__ void st2(float *p, float x, float y) { *reinterpret_c
 // Inputs as k_gdn_recur's (conv_out after k_gdn_prep: q, k normalised, q scaled) plus lgd,
 // the log decays [T][Hv]. Writes U, W, M and Gc (the inclusive log-decay sums) of chunk c,
 // head j at c * Hv + j; rows past the last token are zero (Gc there: the chunk's total).
-// M's tiles above the diagonal (16 x 16) are not written: phase B never reads them.
+// M's tiles above the diagonal (16 x 16) are not written: phase B copies them but never uses them.
 __global__ void __launch_bounds__(gdc::NTA, 2)
     k_gdn_chunk_a(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta, const float *lgd,
                   int T, float *U, float *W, float *M, float *Gc) {
