@@ -51,7 +51,7 @@ if command -v g++ >/dev/null && [ -f build/src/engine/sampler.o ]; then
         CUEMU_MAX_THREADS=128 build/test_sample_emu --quick"
 fi
 # The chunked GDN prefill (src/backend/cuda/cuda_gdn_chunk.cuh) on the same emulator, with its
-# WMMA stand-in: against the serial delta rule in double.
+# stand-in for the tf32 mma.sync (emu/mma.h): against the serial delta rule in double.
 if command -v g++ >/dev/null; then
     run_suite "emu/test_gdn_chunk" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/emu/test_gdn_chunk_emu.cc -lm -o build/test_gdn_chunk_emu && build/test_gdn_chunk_emu"
