@@ -38,11 +38,17 @@ static void make_ids(int32_t *ids, int n, uint32_t seed) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((((uint64_t)(i + seed) * 2654435761u) >> 7) % (uint64_t)M.cfg.vocab);
 }
 
+/* A top-1 that differs from the reference's where the reference's own two logits are this close (over
+ * the position's largest |logit|) is a near-tie, not a disagreement: on the random synth, logits tie
+ * that closely now and then, and an error of e can swap logits up to 2e apart (run 87: one flip in 32
+ * positions, with 1.2e-3 the position's worst error). A wrong product moves logits by far more. */
+static const double NEAR_TIE = 5e-3;
+
 /* Compare [n, V] logits; returns 0 when within the bar. Positions below `strict`
  * (routing replayed) must all be within it; the rest may have n/500 outliers. */
 static int compare(const float *ref, const float *got, int n, const char *what, int strict) {
     const int64_t V = M.cfg.vocab;
-    int agree = 0, outliers = 0, strict_out = 0, first_out = -1;
+    int agree = 0, ties = 0, outliers = 0, strict_out = 0, first_out = -1;
     double worst = 0, before = 0; /* before: the worst position ahead of the first outlier */
     int worst_pos = 0;
     for (int t = 0; t < n; t++) {
@@ -56,7 +62,9 @@ static int compare(const float *ref, const float *got, int n, const char *what, 
             md = fmax(md, fabs((double)r[i] - g[i]));
             if (isnan(g[i])) md = INFINITY;
         }
-        agree += ar == ag;
+        const bool tie = ar != ag && mx > 0 && ((double)r[ar] - r[ag]) / mx <= NEAR_TIE;
+        agree += ar == ag || tie;
+        ties += tie;
         outliers += md / mx > 2e-2 && t >= strict;
         strict_out += md / mx > 2e-2 && t < strict;
         if (md / mx > 2e-2 && first_out < 0) first_out = t;
@@ -64,8 +72,10 @@ static int compare(const float *ref, const float *got, int n, const char *what, 
         if (md / mx > worst) { worst = md / mx; worst_pos = t; }
     }
     double top1 = (double)agree / n;
-    printf("  %-34s n=%5d top1 %.4f  max rel err %.2e (pos %d), %d position(s) over 2e-2\n", what, n, top1, worst,
+    printf("  %-34s n=%5d top1 %.4f  max rel err %.2e (pos %d), %d position(s) over 2e-2", what, n, top1, worst,
            worst_pos, outliers + strict_out);
+    if (ties) printf(", %d top-1 near-tie(s) (within %.0e) counted as agreeing", ties, NEAR_TIE);
+    printf("\n");
     /* Random-weight routers have near-tied experts; one flipped choice moves every later
      * position through the recurrent state: show where the divergence starts. */
     if (first_out >= 0)

@@ -32,9 +32,11 @@
 #include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_packed.cuh"
+#include "backend/cuda/cuda_gemm_wg.cuh"
 
 static const double BAR = 1e-4;
-static bool quick;
+static bool quick, time_gemm;
+static bool have_wg; // sm_90: k_gemm_wg (wgmma) runs too
 
 // ---------------------------------------------------------------- a random affine matrix, host and device
 
@@ -652,8 +654,24 @@ static void test_moe_fused(void) {
 }
 
 
+// The 4-bit prefill GEMMs: 0 k_gemm_q<4>, 1 k_gemm_wg (the same tiles).
+#define G4_VARIANTS 2
+static const char *g4_name(int v) { return v ? "wg" : "q"; }
+static void g4_attrs(void) {
+    CK(cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()));
+    CK(cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()));
+    if (!have_wg) return;
+    CK(cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()));
+}
+static void g4_launch(int v, const g4_job &j, int64_t T, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs) {
+    const dim3 g((unsigned)j.start[j.n], (unsigned)((T + G4_BN - 1) / G4_BN));
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh, xl, xs, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh, xl, xs, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+}
+
 // amp > 0: every third input row scaled by amp (rows of very different size in one launch).
-static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
+// v: which 4-bit GEMM (g4_launch); 8-bit matrices always take k_gemm_q<8>.
+static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f, int v = 0) {
     const int64_t C = ms[0]->cols, xw = xm == 1 ? 2 * C : C;
     std::vector<float> x = rand_vec((size_t)(T * xw), 2.0f);
     if (amp > 0.0f)
@@ -685,7 +703,7 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
     }
     const dim3 g((unsigned)j.start[n], (unsigned)((T + G4_BN - 1) / G4_BN));
     if (ms[0]->bits == 8) k_gemm_q<8><<<g, 256, g4_smem<8>()>>>(j, xh.p, xl.p, xs.p, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
-    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    else g4_launch(v, j, T, xh.p, xl.p, xs.p);
     CKL();
     for (int i = 0; i < n; i++) {
         const int64_t R = ms[i]->rows;
@@ -717,16 +735,17 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f) {
                 if (!std::isfinite(g)) e = INFINITY;
                 else e = std::max(e, fabs((double)g - ref[(size_t)(t * R + r)]) / (size[(size_t)t] > 0 ? size[(size_t)t] : 1.0));
             }
-        printf("  gemm_q<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s%s rel err %.2e\n", ms[i]->bits, (long long)T, i, n,
-               (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ", amp > 0.0f ? " x1e5 rows" : "", e);
-        CHECKF(e <= BAR, "gemm_q<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits, (long long)T, i, e);
+        printf("  gemm_%s<%d> T=%-4lld matrix %d of %d (%5lld x %-5lld)%s%s rel err %.2e\n", ms[i]->bits == 8 ? "q" : g4_name(v),
+               ms[i]->bits, (long long)T, i, n, (long long)R, (long long)C, xm == 1 ? " swiglu" : "       ",
+               amp > 0.0f ? " x1e5 rows" : "", e);
+        CHECKF(e <= BAR, "gemm_%s<%d> T=%lld matrix %d: rel err %.3e", ms[i]->bits == 8 ? "q" : g4_name(v), ms[i]->bits,
+               (long long)T, i, e);
         delete dy[(size_t)i];
     }
 }
 
 static void test_gemm_q(void) {
-    CK(cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()));
-    CK(cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()));
+    g4_attrs();
     qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
     qmat *r8 = make_qmat(256, 2048, 8, 64), *g8 = make_qmat(1, 2048, 8, 64);
     const int64_t Ts_full[] = {1, 7, 64, 65, 200};
@@ -734,31 +753,96 @@ static void test_gemm_q(void) {
     const int64_t *Ts = quick ? Ts_quick : Ts_full;
     const int nT = quick ? 2 : 5;
     for (int i = 0; i < nT; i++) {
-        qmat *two[2] = {a, b};
-        gemm_case(Ts[i], 2, two, 0);
-        qmat *d1[1] = {dn};
-        gemm_case(Ts[i], 1, d1, i % 2); // the down projection, on a SwiGLU input every other length
+        for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
+            qmat *two[2] = {a, b};
+            gemm_case(Ts[i], 2, two, 0, 0.0f, v);
+            qmat *d1[1] = {dn};
+            gemm_case(Ts[i], 1, d1, i % 2, 0.0f, v); // the down projection, on a SwiGLU input every other length
+        }
         qmat *eight[2] = {r8, g8};
         gemm_case(Ts[i], 2, eight, 0);
     }
-    // rows of very different size in one launch (each group's pieces have their own scale)
-    qmat *two[2] = {a, b};
-    gemm_case(65, 2, two, 0, 1e5f);
-    qmat *d1[1] = {dn};
-    gemm_case(65, 1, d1, 1, 1e5f);
+    // rows of very different size in one launch (each group's pieces / parts have their own scale)
+    for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
+        qmat *two[2] = {a, b};
+        gemm_case(65, 2, two, 0, 1e5f, v);
+        qmat *d1[1] = {dn};
+        gemm_case(65, 1, d1, 1, 1e5f, v);
+    }
     delete a; delete b; delete dn; delete r8; delete g8;
+}
+
+// --time-gemm (a benchmark, not a test): the 4-bit GEMMs side by side at the model's prefill shapes,
+// 20 launches each after 3 of warm-up; TFLOP/s counts 2 R C T per launch.
+static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
+    qmat *m = make_qmat(R, C, 4, 64);
+    dbuf<float> dx((size_t)(T * C));
+    dx.put(rand_vec((size_t)(T * C), 2.0f));
+    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
+    dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64)), dy((size_t)(T * R));
+    dbuf<int8_t> xq((size_t)(G4_NP * T * C));
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
+    CKL();
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 1;
+    j.xq = xq.p;
+    j.xsig = xsig.p;
+    j.xq_plane = T * C;
+    j.W[0] = m->W;
+    j.y[0] = dy.p;
+    j.ldy[0] = R;
+    j.start[1] = (int)((R + G4_BM - 1) / G4_BM);
+    printf("  %-27s %5lld x %-5lld T=%-5lld", name, (long long)R, (long long)C, (long long)T);
+    for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
+        cudaEvent_t a, b;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+        for (int it = 0; it < 23; it++) {
+            if (it == 3) CK(cudaEventRecord(a));
+            g4_launch(v, j, T, xh.p, xl.p, xs.p);
+        }
+        CK(cudaEventRecord(b));
+        CK(cudaEventSynchronize(b));
+        CKL();
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, a, b));
+        const double us = 1000.0 * ms / 20;
+        printf("  %s %7.1f us %5.1f TF/s", g4_name(v), us, 2.0 * (double)R * (double)C * (double)T / us * 1e-6);
+        CK(cudaEventDestroy(a));
+        CK(cudaEventDestroy(b));
+    }
+    printf("\n");
+    delete m;
+}
+
+static void run_time_gemm(void) {
+    g4_attrs();
+    time_gemm_case("GDN in_proj (qkvz+ba)", 12352, 2048, 4096);
+    time_gemm_case("GDN in_proj, 1k", 12352, 2048, 1024);
+    time_gemm_case("out_proj", 2048, 4096, 4096);
+    time_gemm_case("attn q+gate/k/v, 4k", 9216, 2048, 4096);
+    time_gemm_case("expert gate+up, 128 tokens", 1024, 2048, 128);
+    time_gemm_case("expert down, 128 tokens", 2048, 512, 128);
+    time_gemm_case("shared down", 2048, 512, 4096);
 }
 
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
-        else { fprintf(stderr, "usage: test_matmul [--quick]\n"); return 2; }
+        else if (!strcmp(argv[i], "--time-gemm")) time_gemm = true;
+        else { fprintf(stderr, "usage: test_matmul [--quick] [--time-gemm]\n"); return 2; }
     }
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) { fprintf(stderr, "no CUDA device\n"); return 2; }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+    have_wg = prop.major == 9 && prop.minor == 0;
+    if (time_gemm) {
+        run_time_gemm();
+        return 0;
+    }
     const int grids[3] = {2 * prop.multiProcessorCount, 0, 7};
     for (int gi = 0; gi < 3; gi++) {
         g_blocks = grids[gi];

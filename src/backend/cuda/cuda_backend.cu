@@ -22,6 +22,7 @@ extern "C" {
 #include "cuda_kernels.cuh"
 #include "cuda_sample.cuh"
 #include "cuda_gemm.cuh"
+#include "cuda_gemm_wg.cuh"
 #include "cuda_packed.cuh"
 #include "cuda_attn.cuh"
 #include "cuda_gdn_chunk.cuh"
@@ -338,6 +339,7 @@ struct lilac_session {
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
     int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
+    bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90 only; LILAC_GEMM_WG=0: k_gemm_q<4>)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -669,6 +671,15 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
     if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
+    // The 4-bit prefill GEMMs on Hopper's warpgroup MMA (cuda_gemm_wg.cuh: the sm_90a build); LILAC_GEMM_WG=0:
+    // the mma.sync kernel with three int8 pieces (k_gemm_q<4>)
+    {
+        int maj = 0, mnr = 0;
+        cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, 0);
+        cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, 0);
+        s->gemm_wg = maj == 9 && mnr == 0;
+        if (const char *e = getenv("LILAC_GEMM_WG")) if (*e && !strcmp(e, "0")) s->gemm_wg = false;
+    }
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
@@ -717,11 +728,14 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         s->xq_plane = C * w;
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
-             dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 && dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0 &&
+             (s->gemm_wg || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
+                             dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
              dalloc(s, &s->tail_done, (size_t)c->n_layers, err) == 0 &&
              cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()) == cudaSuccess &&
              cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess &&
+             (!s->gemm_wg ||
+              cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()) == cudaSuccess) &&
              cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess;
     }
@@ -800,8 +814,8 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
     return j;
 }
 
-// The split of `rows` input rows for the prefill GEMMs (k_split_x): bf16 hi/lo and group sums for the
-// 8-bit path, and the int8 pieces and sigma per group for the 4-bit one.
+// The split of `rows` input rows for the prefill GEMMs (k_split_x): bf16 hi/lo and group sums (k_gemm_wg
+// and the 8-bit path), and the int8 pieces and sigma per group for k_gemm_q<4> (s->xq: null with gemm_wg).
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
@@ -834,12 +848,16 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
     const dim3 g((unsigned)j.start[n], max_tiles > 0 ? (unsigned)max_tiles : (unsigned)((T + G4_BN - 1) / G4_BN));
     const int2 *tiles = max_tiles > 0 ? s->tiles : nullptr;
     const int *nt = max_tiles > 0 ? s->n_tiles : nullptr;
+    const __nv_bfloat16 *xh = (const __nv_bfloat16 *)s->xh, *xl = (const __nv_bfloat16 *)s->xl;
     if (W[0].bits == 8)
-        pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, (const __nv_bfloat16 *)s->xh, (const __nv_bfloat16 *)s->xl,
-                   (const float *)s->xsum, T, offs, (const int *)s->sorted, tiles, nt, x_div);
+        pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
+                   tiles, nt, x_div);
+    else if (s->gemm_wg)
+        pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
+                   tiles, nt, x_div);
     else
-        pdl_launch(s, k_gemm_q<4>, g, 256, g4_smem<4>(), j, (const __nv_bfloat16 *)s->xh, (const __nv_bfloat16 *)s->xl,
-                   (const float *)s->xsum, T, offs, (const int *)s->sorted, tiles, nt, x_div);
+        pdl_launch(s, k_gemm_q<4>, g, 256, g4_smem<4>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
+                   tiles, nt, x_div);
     CKL();
     return 0;
 }

@@ -1,0 +1,246 @@
+// cuda_gemm_wg.cuh — the 4-bit prefill GEMM on Hopper's warpgroup MMA (wgmma).
+//
+// Why: k_gemm_q<4> (cuda_gemm.cuh) feeds mma.sync one m16n8k32 at a time and
+// spends ~500 issued instructions per 48 MMAs of a group on fragments, address
+// arithmetic and the three-piece fold: it ran at ~14% of the int8 peak, bound by
+// issue. One wgmma m64n64k16 does the work of 32 mma.sync m16n8k16 from a single
+// instruction, reading the activations from shared memory itself.
+//
+// The same q-space product as k_gemm_q (cuda_gemm.cuh's header), in bf16:
+//   y[n][m] = sum_G ( s[m][G] * sum_{k in G} q[m][k] (xh[n][k] + xl[n][k]) + b[m][G] * xs[n][G] )
+// the codes q (0..15) exact in bf16, the input as two bf16 parts (xh + xl, ~16
+// significant bits: k_split_x, as the 8-bit path), f32 accumulation; per group the
+// product is scaled and the bias term added in f32 (two FMAs per output and group).
+//
+// Tiles as k_gemm_q's (so the same grids and expert tile map): 128 weight rows x 64
+// tokens, one 64-column group per pipeline stage, two blocks per SM. Two warpgroups
+// of 64 rows: the A operand (codes) from registers, unpacked from the
+// packed fragment order (cuda_packed.cuh: a lane's 16-byte word is exactly its A
+// fragments for the group's four k16 steps); B (the input parts) from shared memory
+// in the 128-byte swizzled K-major layout: token n's 128 bytes of a group at n*128,
+// its 16-byte chunk c at chunk c ^ (n & 7). Per group and warpgroup: eight wgmma
+// (4 k-steps x 2 parts) into a fresh accumulator, wait, fold. Stages arrive by
+// cp.async; a cross-proxy fence makes them visible to wgmma (which reads shared
+// memory through the async proxy). Measured and dropped (docs/perf.md, runs 86
+// and 88): 256-row tiles (the same speed), the next group's MMAs issued before the
+// fold (two accumulators: spills at two blocks per SM), 128-token tiles with that
+// overlap at one block per SM (0.66x: 8 warps per SM wait on every barrier).
+//
+// sm_90a only (wgmma): other targets compile an empty kernel the host never
+// launches (lilac_session::gemm_wg).
+#pragma once
+#include "cuda_gemm.cuh"
+
+// Shared memory: WG_S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
+// two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
+// 128 rows' scale/bias pairs, the 64 input rows' group sums.
+#define WG_S 4
+struct wg_lay {
+    static const int XH = 0, XL = G4_BN * 128, Q = 2 * G4_BN * 128, SB = Q + 8 * 512, XS = SB + G4_BM * 4;
+    static const int SIZE = (XS + G4_BN * 4 + 1023) / 1024 * 1024;
+};
+constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * WG_S + 1024; } // + alignment slack
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WG_ON 1
+#else
+#define WG_ON 0
+#endif
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+// Fragment register (two codes at bits 0-3 and 16-19 of w) as an exact bf16x2: (128 + q) - 128,
+// the first step one lop3.
+__device__ __forceinline__ uint32_t wg_frag(uint32_t w) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "r"(0x000F000Fu), "r"(0x43004300u)); // (w & m) | c
+    __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
+    h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
+    return *(const uint32_t *)&h;
+}
+// Pins a register's value to this point of the program (the compiler cannot see wgmma's asynchronous writes).
+__device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d (+)= A (64 x 16, registers: this warp's 16 rows as an m16n8k16 A fragment) * B (16 x N, shared
+// memory, descriptor desc); accumulate 0: d = A B.
+__device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+#if WG_ON
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#else
+    (void)d, (void)a, (void)desc, (void)accumulate;
+#endif
+}
+// The 4-bit GEMM: arguments and modes (plain / grouped over the expert tile map) as k_gemm_q<4>,
+// reading the input's bf16 parts xh/xl and group sums xs (k_split_x).
+__global__ void __launch_bounds__(256, 2)
+    k_gemm_wg(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs, int T, const int *offs,
+              const int *sorted, const int2 *tiles, const int *n_tiles, int x_div) {
+#if WG_ON
+    using C = wg_lay;
+    constexpr int BN = G4_BN;
+    extern __shared__ unsigned char wg_smem_raw[];
+    __shared__ int xrow[BN], yrow[BN];
+    // the stages from the first 1024-byte boundary (pointer arithmetic on the shared array keeps
+    // loads from it shared-memory loads)
+    unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
+    const uint32_t sm_a = smem_u32(sm);
+    pdl_wait();
+    int mi = 0;
+    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
+    dmat W = job.W[mi];
+    float *const y = job.y[mi];
+    const int64_t ldy = job.ldy[mi];
+    const int mtile = blockIdx.x - job.start[mi];
+    int count = T, base = 0, n0 = blockIdx.y * BN;
+    if (tiles) {
+        if ((int)blockIdx.y >= *n_tiles) return;
+        const int2 tl = tiles[blockIdx.y];
+        base = offs[tl.x];
+        count = offs[tl.x + 1] - base;
+        n0 = tl.y;
+        W = dmat_expert(W, tl.x);
+    }
+    const int64_t m0 = (int64_t)mtile * G4_BM;
+    if (n0 >= count || m0 >= W.rows) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    if (tid < BN) {
+        const int n = n0 + tid;
+        if (n < count) {
+            const int slot = tiles ? sorted[base + n] : n;
+            xrow[tid] = tiles ? slot / x_div : n;
+            yrow[tid] = slot;
+        } else {
+            xrow[tid] = -1;
+            yrow[tid] = -1;
+        }
+    }
+    __syncthreads();
+    const int64_t K = W.cols, ng = K / 64;
+    const int nk = (int)ng;
+
+    // This thread's copies of a stage, from sources that advance by a group per stage (absent rows:
+    // a valid address, never advanced, zero-filled): a 16-byte chunk of codes (row block `warp`);
+    // XC chunks of each input part (token ln, chunks lc ..; to their swizzled places); tid < 32:
+    // 4 rows' scale/bias pairs; tid < BN: token tid's group sum.
+    constexpr int XC = BN * 8 / 256;
+    const int ln = (tid * XC) >> 3, lc = (tid * XC) & 7;
+    const int xr_l = xrow[ln];
+    const bool q_ok = m0 / 16 + warp < W.pk_rb, x_ok = xr_l >= 0;
+    const bool sb_on = tid < 32, sb_ok = sb_on && m0 / 16 + (tid >> 2) < W.pk_rb;
+    const int xs_r = tid < BN ? xrow[tid] : -1;
+    const uint4 *q_p = W.pk + (q_ok ? (m0 / 16 + warp) * ng * 32 + lane : 0);
+    const __nv_bfloat16 *xh_p = xh + (x_ok ? (int64_t)xr_l * K + lc * 8 : 0), *xl_p = xl + (xh_p - xh);
+    const uint32_t *sb_p = W.psb + (sb_ok ? (m0 / 16 + (tid >> 2)) * ng * 16 + (tid & 3) * 4 : 0);
+    const float *xs_p = xs + (xs_r >= 0 ? (int64_t)xs_r * ng : 0);
+    uint32_t x_dst[XC];
+#pragma unroll
+    for (int h = 0; h < XC; h++) x_dst[h] = (uint32_t)(ln * 128 + (((lc + h) ^ (ln & 7)) << 4));
+    const uint32_t q_dst = C::Q + 16 * tid, sb_dst = C::SB + 16 * tid, xs_dst = C::XS + 4 * tid;
+    auto load_stage = [&](int sidx) { // stages load in order, a group after the other
+        const uint32_t sa = sm_a + (uint32_t)(sidx * C::SIZE);
+        cp_async16_s(sa + q_dst, q_p, q_ok);
+#pragma unroll
+        for (int h = 0; h < XC; h++) {
+            cp_async16_s(sa + C::XH + x_dst[h], xh_p + 8 * h, x_ok);
+            cp_async16_s(sa + C::XL + x_dst[h], xl_p + 8 * h, x_ok);
+        }
+        if (sb_on) cp_async16_s(sa + sb_dst, sb_p, sb_ok);
+        if (tid < BN)
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa + xs_dst), "l"(xs_p), "r"(xs_r >= 0 ? 4 : 0));
+        if (q_ok) q_p += 32;
+        if (x_ok) xh_p += 64, xl_p += 64;
+        if (sb_ok) sb_p += 16;
+        if (xs_r >= 0) xs_p += 1;
+    };
+
+    float acc[32], p[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = 0.0f, p[i] = 0.0f;
+
+    // issue group kt's eight MMAs into p (A: the codes, unpacked; B: the stage's two parts)
+    auto mma_group = [&](int kt) {
+        const int sidx = kt % WG_S;
+        const uint4 w = *(const uint4 *)(sm + sidx * C::SIZE + C::Q + 16 * (warp * 32 + lane));
+        const uint32_t wk[4] = {w.x, w.y, w.z, w.w};
+        uint32_t a[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) a[ks][j] = wg_frag(wk[ks] >> (4 * j));
+        // descriptors (128-byte swizzle, 8-row atoms 1024 B apart): the start address >> 4 in the
+        // low bits, k-step ks 32 bytes further
+        const uint32_t dh = (((sm_a + (uint32_t)(sidx * C::SIZE + C::XH)) & 0x3FFFFu) >> 4) | 1u << 16,
+                       dl = dh + (uint32_t)(C::XL - C::XH) / 16;
+        const uint64_t hi = (uint64_t)((1024 >> 4) | 1u << 30) << 32;
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(p[i]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            wg_mma_64x64(p, a[ks], hi | (dl + 2 * ks), ks > 0);
+            wg_mma_64x64(p, a[ks], hi | (dh + 2 * ks), 1);
+        }
+        wg_commit();
+    };
+    // fold group kt: acc += s p + b xs; p[4j + c]: row g + 8 (c >> 1), token 8j + 2t + (c & 1)
+    auto fold = [&](int kt) {
+        const unsigned char *S = sm + (kt % WG_S) * C::SIZE;
+        const uint32_t u0 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g)),
+                       u1 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g + 8));
+        const float s0 = __uint_as_float(u0 << 16), b0 = __uint_as_float(u0 & 0xFFFF0000u),
+                    s1 = __uint_as_float(u1 << 16), b1 = __uint_as_float(u1 & 0xFFFF0000u);
+        const float *xsv = (const float *)(S + C::XS);
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_pin(p[i]);
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            const float2 xx = *(const float2 *)&xsv[8 * j + 2 * t];
+            acc[4 * j + 0] = fmaf(s0, p[4 * j + 0], fmaf(b0, xx.x, acc[4 * j + 0]));
+            acc[4 * j + 1] = fmaf(s0, p[4 * j + 1], fmaf(b0, xx.y, acc[4 * j + 1]));
+            acc[4 * j + 2] = fmaf(s1, p[4 * j + 2], fmaf(b1, xx.x, acc[4 * j + 2]));
+            acc[4 * j + 3] = fmaf(s1, p[4 * j + 3], fmaf(b1, xx.y, acc[4 * j + 3]));
+        }
+    };
+    // the copies run WG_S - 1 groups ahead: group kt + WG_S - 1 goes to the stage group kt - 1 left,
+    // whose MMAs both warpgroups waited for before the barrier
+#pragma unroll
+    for (int s = 0; s < WG_S - 1; s++) {
+        if (s < nk) load_stage(s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        cp_async_wait<WG_S - 2>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copies, visible to wgmma
+        __syncthreads();
+        if (kt + WG_S - 1 < nk) load_stage((kt + WG_S - 1) % WG_S);
+        cp_async_commit();
+        mma_group(kt);
+        wg_wait<0>();
+        fold(kt);
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const int64_t m = m0 + 16 * warp + g + (c >> 1) * 8;
+            const int n = 8 * j + 2 * t + (c & 1);
+            if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c];
+        }
+#else
+    (void)job, (void)xh, (void)xl, (void)xs, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
+#endif
+}
