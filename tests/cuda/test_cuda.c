@@ -38,11 +38,13 @@ static void make_ids(int32_t *ids, int n, uint32_t seed) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)((((uint64_t)(i + seed) * 2654435761u) >> 7) % (uint64_t)M.cfg.vocab);
 }
 
-/* A top-1 that differs from the reference's where the reference's own two logits are this close (over
- * the position's largest |logit|) is a near-tie, not a disagreement: on the random synth, logits tie
- * that closely now and then, and an error of e can swap logits up to 2e apart (run 87: one flip in 32
- * positions, with 1.2e-3 the position's worst error). A wrong product moves logits by far more. */
-static const double NEAR_TIE = 5e-3;
+/* A top-1 that differs from the reference's at a position whose every logit is within NEAR_TIE of it
+ * (over the position's largest |logit|) is a near-tie, not a disagreement: an error of e can only swap
+ * logits that were within 2e of each other, and on the random synth logits tie that closely now and
+ * then (docs/perf.md, run 87: one flip in 32 positions; the worst error over the 32 was 1.2e-3). At
+ * most 1 + n/64 of them per comparison: a systematic error that flips many would still fail. A wrong
+ * product moves logits by far more. */
+static const double NEAR_TIE = 2.5e-3;
 
 /* Compare [n, V] logits; returns 0 when within the bar. Positions below `strict`
  * (routing replayed) must all be within it; the rest may have n/500 outliers. */
@@ -62,7 +64,7 @@ static int compare(const float *ref, const float *got, int n, const char *what, 
             md = fmax(md, fabs((double)r[i] - g[i]));
             if (isnan(g[i])) md = INFINITY;
         }
-        const bool tie = ar != ag && mx > 0 && ((double)r[ar] - r[ag]) / mx <= NEAR_TIE;
+        const bool tie = ar != ag && mx > 0 && md / mx <= NEAR_TIE;
         agree += ar == ag || tie;
         ties += tie;
         outliers += md / mx > 2e-2 && t >= strict;
@@ -74,13 +76,13 @@ static int compare(const float *ref, const float *got, int n, const char *what, 
     double top1 = (double)agree / n;
     printf("  %-34s n=%5d top1 %.4f  max rel err %.2e (pos %d), %d position(s) over 2e-2", what, n, top1, worst,
            worst_pos, outliers + strict_out);
-    if (ties) printf(", %d top-1 near-tie(s) (within %.0e) counted as agreeing", ties, NEAR_TIE);
+    if (ties) printf(", %d top-1 near-tie(s) (every logit within %.1e) counted as agreeing", ties, NEAR_TIE);
     printf("\n");
     /* Random-weight routers have near-tied experts; one flipped choice moves every later
      * position through the recurrent state: show where the divergence starts. */
     if (first_out >= 0)
         printf("  %-34s first position over 2e-2: %d; max rel err before it %.2e\n", "", first_out, before);
-    return (top1 >= 0.99 || agree == n) && strict_out == 0 && outliers <= n / 500 ? 0 : -1;
+    return (top1 >= 0.99 || agree == n) && ties <= 1 + n / 64 && strict_out == 0 && outliers <= n / 500 ? 0 : -1;
 }
 
 /* The teacher-forced pass of ids on both backends from position 0 (CPU logits into a, GPU's into b; NULL

@@ -744,6 +744,78 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f, int
     }
 }
 
+// Grouped mode, as the prefill MoE launches it: T tokens x KS routing slots, slot s to expert
+// (7s + s/5) % E; slots sorted by expert (offs, sorted) and the (expert, 64 tokens) tile map built
+// here as k_moe_scan does, with two spare grid rows past n_tiles; input row slot / KS, output row
+// slot. Against W_e x in double, each slot against its own size.
+static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
+    const int64_t C = m->cols, R = m->rows, S = T * KS;
+    const int E = m->experts;
+    std::vector<float> x = rand_vec((size_t)(T * C), 2.0f);
+    std::vector<int> ex((size_t)S), offs((size_t)E + 1, 0), sorted;
+    std::vector<int2> tl;
+    for (int64_t sl = 0; sl < S; sl++) ex[(size_t)sl] = (int)((7 * sl + sl / 5) % E);
+    for (int e = 0; e < E; e++) {
+        offs[(size_t)e] = (int)sorted.size();
+        for (int64_t sl = 0; sl < S; sl++)
+            if (ex[(size_t)sl] == e) sorted.push_back((int)sl);
+        for (int n0 = 0; offs[(size_t)e] + n0 < (int)sorted.size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
+    }
+    offs[(size_t)E] = (int)sorted.size();
+    const int nt = (int)tl.size();
+    dbuf<float> dx(x.size());
+    dx.put(x);
+    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
+    dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64)), dy((size_t)(S * R));
+    dbuf<int8_t> xq((size_t)(G4_NP * T * C));
+    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
+    dbuf<int2> dtiles(tl.size());
+    doffs.put(offs);
+    dsorted.put(sorted);
+    dtiles.put(tl);
+    dnt.put(&nt);
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
+    CKL();
+    dy.fill_bytes(0xFF); // NaN: every output must be written
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 1;
+    j.xq = xq.p;
+    j.xsig = xsig.p;
+    j.xq_plane = T * C;
+    j.W[0] = m->W;
+    j.y[0] = dy.p;
+    j.ldy[0] = R;
+    j.start[1] = (int)((R + G4_BM - 1) / G4_BM);
+    const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
+    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
+    CKL();
+    const std::vector<float> got = dy.get();
+    double e = 0.0;
+    for (int64_t sl = 0; sl < S; sl++) {
+        const float *xr = &x[(size_t)(sl / KS * C)];
+        std::vector<double> ref((size_t)R);
+        double size = 0.0;
+        for (int64_t r = 0; r < R; r++) {
+            double a = 0.0, aa = 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                a += (double)m->w(ex[(size_t)sl], r, c) * xr[c];
+                aa += fabs((double)m->w(ex[(size_t)sl], r, c) * xr[c]);
+            }
+            ref[(size_t)r] = a;
+            size = std::max(size, std::max(fabs(a), aa / sqrt((double)C)));
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const float gv = got[(size_t)(sl * R + r)];
+            e = std::isfinite(gv) ? std::max(e, fabs((double)gv - ref[(size_t)r]) / (size > 0 ? size : 1.0)) : INFINITY;
+        }
+    }
+    printf("  gemm_%s<4> grouped: %lld tokens x %d slots over %d experts (%lld x %lld), %d tiles: rel err %.2e\n", g4_name(v),
+           (long long)T, KS, E, (long long)R, (long long)C, nt, e);
+    CHECKF(e <= BAR, "gemm_%s<4> grouped T=%lld: rel err %.3e", g4_name(v), (long long)T, e);
+}
+
 static void test_gemm_q(void) {
     g4_attrs();
     qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
@@ -762,13 +834,20 @@ static void test_gemm_q(void) {
         qmat *eight[2] = {r8, g8};
         gemm_case(Ts[i], 2, eight, 0);
     }
-    // rows of very different size in one launch (each group's pieces / parts have their own scale)
+    // rows of very different size in one launch (each group's pieces / parts have their own scale);
+    // a matrix of 40 rows and two groups (fewer groups than the stages loaded ahead); grouped mode
+    qmat *small = make_qmat(40, 128, 4, 64), *ex = make_qmat(200, 256, 4, 64, 3);
     for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
         qmat *two[2] = {a, b};
         gemm_case(65, 2, two, 0, 1e5f, v);
         qmat *d1[1] = {dn};
         gemm_case(65, 1, d1, 1, 1e5f, v);
+        qmat *s1[1] = {small};
+        gemm_case(70, 1, s1, 0, 0.0f, v);
+        gemm_grouped_case(quick ? 50 : 150, 2, ex, v);
     }
+    delete small;
+    delete ex;
     delete a; delete b; delete dn; delete r8; delete g8;
 }
 
@@ -838,7 +917,13 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
-    have_wg = prop.major == 9 && prop.minor == 0;
+    { // the wgmma kernel where its sm_90a image runs (as the backend decides)
+        dbuf<int> on(1);
+        k_wg_probe<<<1, 1>>>(on.p);
+        CKL();
+        have_wg = on.get()[0] == 1;
+    }
+    printf("k_gemm_wg (wgmma): %s\n", have_wg ? "tested" : "not built for this device");
     if (time_gemm) {
         run_time_gemm();
         return 0;

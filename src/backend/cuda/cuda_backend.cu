@@ -316,7 +316,8 @@ struct lilac_session {
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
-    int8_t *xq;        // the 4-bit GEMMs' input as int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
+    int8_t *xq;        // k_gemm_q<4>'s input as int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
+                       // (both null with gemm_wg: k_split_x then writes no pieces)
     float *xsig;
     int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
@@ -671,14 +672,19 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
     if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
-    // The 4-bit prefill GEMMs on Hopper's warpgroup MMA (cuda_gemm_wg.cuh: the sm_90a build); LILAC_GEMM_WG=0:
-    // the mma.sync kernel with three int8 pieces (k_gemm_q<4>)
-    {
-        int maj = 0, mnr = 0;
-        cudaDeviceGetAttribute(&maj, cudaDevAttrComputeCapabilityMajor, 0);
-        cudaDeviceGetAttribute(&mnr, cudaDevAttrComputeCapabilityMinor, 0);
-        s->gemm_wg = maj == 9 && mnr == 0;
-        if (const char *e = getenv("LILAC_GEMM_WG")) if (*e && !strcmp(e, "0")) s->gemm_wg = false;
+    // The 4-bit prefill GEMMs on Hopper's warpgroup MMA (cuda_gemm_wg.cuh) where the sm_90a image runs
+    // (k_wg_probe); LILAC_GEMM_WG=0: the mma.sync kernel with three int8 pieces (k_gemm_q<4>)
+    s->gemm_wg = false;
+    if (const char *e = getenv("LILAC_GEMM_WG"); ok && !(e && !strcmp(e, "0"))) {
+        int *d_on = nullptr, on = 0;
+        if (cudaMalloc((void **)&d_on, sizeof(int)) == cudaSuccess) {
+            k_wg_probe<<<1, 1, 0, s->st>>>(d_on);
+            s->gemm_wg = cudaGetLastError() == cudaSuccess &&
+                         cudaMemcpyAsync(&on, d_on, sizeof(int), cudaMemcpyDeviceToHost, s->st) == cudaSuccess &&
+                         cudaStreamSynchronize(s->st) == cudaSuccess && on == 1;
+            cudaFree(d_on);
+        }
+        cudaGetLastError();
     }
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {

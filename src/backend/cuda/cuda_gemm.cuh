@@ -7,8 +7,10 @@
 // and per group the partial is scaled by s in f32 and the bias term b * xs (xs =
 // f32 group sum of x) is added.
 //
-// 4-bit matrices (every matrix but the router gates): the integer tensor cores
-// (mma m16n8k32 s8), as the decode GEMV computes them. The input comes as three
+// 4-bit matrices (every matrix but the router gates), k_gemm_q<4>: the integer tensor
+// cores (mma m16n8k32 s8), as the decode GEMV computes them. (On sm_90 the default is
+// k_gemm_wg, cuda_gemm_wg.cuh: wgmma on the bf16 split below; LILAC_GEMM_WG=0 takes
+// this kernel.) The input comes as three
 // int8 pieces per 64-column group,
 //   x ~ sigma_G (a + b/128 + c/16384),  sigma_G = max|x| / 127  (i8_pieces),
 // the codes (0..15) as they are, and per group one exact s32 sum D = (Sqa*128 +
@@ -108,13 +110,16 @@ __device__ __forceinline__ void imma_s8_z(int (&d)[4], uint32_t a0, uint32_t a1,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
-// Fragment register a_j (two codes) of a packed word as an exact bf16x2.
-__device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) {
-    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u; // 128 + q in each half
+// The two codes at bits 0-3 and 16-19 of w as an exact bf16x2: (128 + q) - 128, the first step one lop3.
+__device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "r"(0x000F000Fu), "r"(0x43004300u)); // (w & m) | c
     __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
     h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
     return *(const uint32_t *)&h;
 }
+// Fragment register a_j (two codes) of a packed word as an exact bf16x2.
+__device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) { return pk_frag2(w >> (4 * j)); }
 
 // Codes 2h and 2h+1 (bytes) of a word of 8-bit codes as an exact bf16x2 pair
 // (integers up to 255 have 8 significant bits, as bf16).
@@ -188,12 +193,45 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
     }
 }
 
+// The tile block (blockIdx.x, blockIdx.y) of a g4 launch computes (k_gemm_q, k_gemm_wg): its matrix W
+// (the expert's, grouped), output y with row stride ldy, first weight row m0, and the input row
+// (xrow) and output row (yrow) of each of its G4_BN tokens (-1: none). Grouped mode (tiles != null):
+// blockIdx.y is an entry (expert, first token) of the device-built tile map (k_moe_scan); the
+// expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input row is slot / x_div
+// and the output row the slot. Plain mode: token n is row n of the input and of y. False: nothing
+// to do (the whole block returns; the caller has not synchronised yet).
+__device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *offs, const int *sorted, const int2 *tiles,
+                                        const int *n_tiles, int x_div, dmat &W, float *&y, int64_t &ldy, int64_t &m0,
+                                        int *xrow, int *yrow) {
+    int mi = 0;
+    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
+    W = job.W[mi];
+    y = job.y[mi];
+    ldy = job.ldy[mi];
+    int count = T, base = 0, n0 = blockIdx.y * G4_BN;
+    if (tiles) {
+        if ((int)blockIdx.y >= *n_tiles) return false;
+        const int2 tl = tiles[blockIdx.y];
+        base = offs[tl.x];
+        count = offs[tl.x + 1] - base;
+        n0 = tl.y;
+        W = dmat_expert(W, tl.x);
+    }
+    m0 = (int64_t)(blockIdx.x - job.start[mi]) * G4_BM;
+    if (n0 >= count || m0 >= W.rows) return false;
+    const int tid = threadIdx.x;
+    if (tid < G4_BN) {
+        const int n = n0 + tid;
+        const int slot = n < count ? (tiles ? sorted[base + n] : n) : -1;
+        xrow[tid] = slot >= 0 ? (tiles ? slot / x_div : n) : -1;
+        yrow[tid] = slot;
+    }
+    __syncthreads();
+    return true;
+}
+
 // y[yrow(n)][m] = sum_k W[m][k] x(n, k) for affine W (4 or 8 bits, group 64),
-// for the matrices of a job. Grouped mode (tiles != null): blockIdx.y is an
-// entry (expert, first token) of the device-built tile map (k_moe_scan); the
-// expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input
-// row is slot / x_div and the output row the slot. Plain mode: token n is row n
-// of the input and of y.
+// for the matrices of a job, plain or grouped over the expert tile map (g4_tile).
 template <int BITS>
 __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl,
                                                 const float *xs, int T, const int *offs, const int *sorted,
@@ -204,36 +242,11 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
     g4_stage<BITS> *st = (g4_stage<BITS> *)g4_smem_raw;
     __shared__ int xrow[G4_BN], yrow[G4_BN];
     pdl_wait();
-    int mi = 0;
-    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
-    dmat W = job.W[mi];
-    float *const y = job.y[mi];
-    const int64_t ldy = job.ldy[mi];
-    const int mtile = blockIdx.x - job.start[mi];
-    int count = T, base = 0, n0 = blockIdx.y * G4_BN;
-    if (tiles) {
-        if ((int)blockIdx.y >= *n_tiles) return;
-        const int2 tl = tiles[blockIdx.y];
-        base = offs[tl.x];
-        count = offs[tl.x + 1] - base;
-        n0 = tl.y;
-        W = dmat_expert(W, tl.x);
-    }
-    const int64_t m0 = (int64_t)mtile * G4_BM;
-    if (n0 >= count || m0 >= W.rows) return;
+    dmat W;
+    float *y;
+    int64_t ldy, m0;
+    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    if (tid < G4_BN) {
-        const int n = n0 + tid;
-        if (n < count) {
-            const int slot = tiles ? sorted[base + n] : n;
-            xrow[tid] = tiles ? slot / x_div : n;
-            yrow[tid] = slot;
-        } else {
-            xrow[tid] = -1;
-            yrow[tid] = -1;
-        }
-    }
-    __syncthreads();
     const int64_t K = W.cols, wpr = K * BITS / 32, ng = K / 64;
     const int nk = (int)(K / G4_BK);
 

@@ -12,7 +12,7 @@
 // significant bits: k_split_x, as the 8-bit path), f32 accumulation; per group the
 // product is scaled and the bias term added in f32 (two FMAs per output and group).
 //
-// Tiles as k_gemm_q's (so the same grids and expert tile map): 128 weight rows x 64
+// Tiles as k_gemm_q's (so the same grids and expert tile map, g4_tile): 128 weight rows x 64
 // tokens, one 64-column group per pipeline stage, two blocks per SM. Two warpgroups
 // of 64 rows: the A operand (codes) from registers, unpacked from the
 // packed fragment order (cuda_packed.cuh: a lane's 16-byte word is exactly its A
@@ -21,25 +21,27 @@
 // its 16-byte chunk c at chunk c ^ (n & 7). Per group and warpgroup: eight wgmma
 // (4 k-steps x 2 parts) into a fresh accumulator, wait, fold. Stages arrive by
 // cp.async; a cross-proxy fence makes them visible to wgmma (which reads shared
-// memory through the async proxy). Measured and dropped (docs/perf.md, runs 86
-// and 88): 256-row tiles (the same speed), the next group's MMAs issued before the
-// fold (two accumulators: spills at two blocks per SM), 128-token tiles with that
-// overlap at one block per SM (0.66x: 8 warps per SM wait on every barrier).
+// memory through the async proxy). Measured and dropped (docs/perf.md, runs 86,
+// 88, 89, 92): 256-row tiles (7% slower, 1.5x slower on an expert's tile), the next
+// group's MMAs issued before the fold (two accumulators: spills at two blocks per
+// SM), 128-token tiles with that overlap at one block per SM (0.66x: 8 warps per SM
+// wait on every barrier), one barrier per two groups (3-5% slower), each group's MMAs
+// left running across the next barrier, waited for before its fold (16% slower).
 //
-// sm_90a only (wgmma): other targets compile an empty kernel the host never
-// launches (lilac_session::gemm_wg).
+// sm_90a only (wgmma): other targets compile a kernel that traps. The host runs it
+// only where k_wg_probe, compiled the same way, reports the wgmma build.
 #pragma once
 #include "cuda_gemm.cuh"
 
-// Shared memory: WG_S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
+// Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
 // two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
 // 128 rows' scale/bias pairs, the 64 input rows' group sums.
-#define WG_S 4
 struct wg_lay {
+    static const int S = 4; // stages
     static const int XH = 0, XL = G4_BN * 128, Q = 2 * G4_BN * 128, SB = Q + 8 * 512, XS = SB + G4_BM * 4;
     static const int SIZE = (XS + G4_BN * 4 + 1023) / 1024 * 1024;
 };
-constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * WG_S + 1024; } // + alignment slack
+constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * wg_lay::S + 1024; } // + alignment slack
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ON 1
@@ -47,21 +49,14 @@ constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * WG_S + 1024; } // + a
 #define WG_ON 0
 #endif
 
+#if WG_ON
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
-}
-// Fragment register (two codes at bits 0-3 and 16-19 of w) as an exact bf16x2: (128 + q) - 128,
-// the first step one lop3.
-__device__ __forceinline__ uint32_t wg_frag(uint32_t w) {
-    uint32_t v;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "r"(0x000F000Fu), "r"(0x43004300u)); // (w & m) | c
-    __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
-    h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
-    return *(const uint32_t *)&h;
-}
+#endif
+// 1 where the wgmma kernel was built (sm_90a) for the device that runs this, else 0: the host's
+// switch (a compute capability of 9.0 alone does not say which image runs, e.g. under PTX JIT).
+__global__ void k_wg_probe(int *on) { *on = WG_ON; }
 // Pins a register's value to this point of the program (the compiler cannot see wgmma's asynchronous writes).
 __device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
@@ -98,36 +93,11 @@ __global__ void __launch_bounds__(256, 2)
     unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
     const uint32_t sm_a = smem_u32(sm);
     pdl_wait();
-    int mi = 0;
-    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
-    dmat W = job.W[mi];
-    float *const y = job.y[mi];
-    const int64_t ldy = job.ldy[mi];
-    const int mtile = blockIdx.x - job.start[mi];
-    int count = T, base = 0, n0 = blockIdx.y * BN;
-    if (tiles) {
-        if ((int)blockIdx.y >= *n_tiles) return;
-        const int2 tl = tiles[blockIdx.y];
-        base = offs[tl.x];
-        count = offs[tl.x + 1] - base;
-        n0 = tl.y;
-        W = dmat_expert(W, tl.x);
-    }
-    const int64_t m0 = (int64_t)mtile * G4_BM;
-    if (n0 >= count || m0 >= W.rows) return;
+    dmat W;
+    float *y;
+    int64_t ldy, m0;
+    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    if (tid < BN) {
-        const int n = n0 + tid;
-        if (n < count) {
-            const int slot = tiles ? sorted[base + n] : n;
-            xrow[tid] = tiles ? slot / x_div : n;
-            yrow[tid] = slot;
-        } else {
-            xrow[tid] = -1;
-            yrow[tid] = -1;
-        }
-    }
-    __syncthreads();
     const int64_t K = W.cols, ng = K / 64;
     const int nk = (int)ng;
 
@@ -159,7 +129,7 @@ __global__ void __launch_bounds__(256, 2)
         }
         if (sb_on) cp_async16_s(sa + sb_dst, sb_p, sb_ok);
         if (tid < BN)
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa + xs_dst), "l"(xs_p), "r"(xs_r >= 0 ? 4 : 0));
+            cp_async4_s(sa + xs_dst, xs_p, xs_r >= 0);
         if (q_ok) q_p += 32;
         if (x_ok) xh_p += 64, xl_p += 64;
         if (sb_ok) sb_p += 16;
@@ -172,14 +142,14 @@ __global__ void __launch_bounds__(256, 2)
 
     // issue group kt's eight MMAs into p (A: the codes, unpacked; B: the stage's two parts)
     auto mma_group = [&](int kt) {
-        const int sidx = kt % WG_S;
+        const int sidx = kt % wg_lay::S;
         const uint4 w = *(const uint4 *)(sm + sidx * C::SIZE + C::Q + 16 * (warp * 32 + lane));
         const uint32_t wk[4] = {w.x, w.y, w.z, w.w};
         uint32_t a[4][4];
 #pragma unroll
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) a[ks][j] = wg_frag(wk[ks] >> (4 * j));
+            for (int j = 0; j < 4; j++) a[ks][j] = pk_frag2(wk[ks] >> (4 * j));
         // descriptors (128-byte swizzle, 8-row atoms 1024 B apart): the start address >> 4 in the
         // low bits, k-step ks 32 bytes further
         const uint32_t dh = (((sm_a + (uint32_t)(sidx * C::SIZE + C::XH)) & 0x3FFFFu) >> 4) | 1u << 16,
@@ -197,7 +167,7 @@ __global__ void __launch_bounds__(256, 2)
     };
     // fold group kt: acc += s p + b xs; p[4j + c]: row g + 8 (c >> 1), token 8j + 2t + (c & 1)
     auto fold = [&](int kt) {
-        const unsigned char *S = sm + (kt % WG_S) * C::SIZE;
+        const unsigned char *S = sm + (kt % wg_lay::S) * C::SIZE;
         const uint32_t u0 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g)),
                        u1 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g + 8));
         const float s0 = __uint_as_float(u0 << 16), b0 = __uint_as_float(u0 & 0xFFFF0000u),
@@ -214,18 +184,18 @@ __global__ void __launch_bounds__(256, 2)
             acc[4 * j + 3] = fmaf(s1, p[4 * j + 3], fmaf(b1, xx.y, acc[4 * j + 3]));
         }
     };
-    // the copies run WG_S - 1 groups ahead: group kt + WG_S - 1 goes to the stage group kt - 1 left,
-    // whose MMAs both warpgroups waited for before the barrier
+    // The copies run S - 1 groups ahead: group kt + S - 1 goes to the stage group kt - 1 left, whose
+    // MMAs both warpgroups waited for (and folded) before the barrier.
 #pragma unroll
-    for (int s = 0; s < WG_S - 1; s++) {
+    for (int s = 0; s < wg_lay::S - 1; s++) {
         if (s < nk) load_stage(s);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
-        cp_async_wait<WG_S - 2>();
+        cp_async_wait<wg_lay::S - 2>();
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copies, visible to wgmma
         __syncthreads();
-        if (kt + WG_S - 1 < nk) load_stage((kt + WG_S - 1) % WG_S);
+        if (kt + wg_lay::S - 1 < nk) load_stage((kt + wg_lay::S - 1) % wg_lay::S);
         cp_async_commit();
         mma_group(kt);
         wg_wait<0>();
@@ -242,5 +212,8 @@ __global__ void __launch_bounds__(256, 2)
         }
 #else
     (void)job, (void)xh, (void)xl, (void)xs, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
+#ifdef __CUDA_ARCH__
+    __trap(); // not the sm_90a image: the host never launches this (k_wg_probe)
+#endif
 #endif
 }
