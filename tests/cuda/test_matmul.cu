@@ -744,6 +744,21 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f, int
     }
 }
 
+// A job of one 4-bit matrix writing y (row stride: its rows), with k_split_x's pieces.
+static g4_job one_job(const qmat *m, float *y, const int8_t *xq, const float *xsig, int64_t plane) {
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 1;
+    j.xq = xq;
+    j.xsig = xsig;
+    j.xq_plane = plane;
+    j.W[0] = m->W;
+    j.y[0] = y;
+    j.ldy[0] = m->rows;
+    j.start[1] = (int)((m->rows + G4_BM - 1) / G4_BM);
+    return j;
+}
+
 // Grouped mode, as the prefill MoE launches it: T tokens x KS routing slots, slot s to expert
 // (7s + s/5) % E; slots sorted by expert (offs, sorted) and the (expert, 64 tokens) tile map built
 // here as k_moe_scan does, with two spare grid rows past n_tiles; input row slot / KS, output row
@@ -777,16 +792,7 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
     CKL();
     dy.fill_bytes(0xFF); // NaN: every output must be written
-    g4_job j;
-    memset(&j, 0, sizeof j);
-    j.n = 1;
-    j.xq = xq.p;
-    j.xsig = xsig.p;
-    j.xq_plane = T * C;
-    j.W[0] = m->W;
-    j.y[0] = dy.p;
-    j.ldy[0] = R;
-    j.start[1] = (int)((R + G4_BM - 1) / G4_BM);
+    const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
     if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
     else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
@@ -862,16 +868,7 @@ static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
     dbuf<int8_t> xq((size_t)(G4_NP * T * C));
     k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
     CKL();
-    g4_job j;
-    memset(&j, 0, sizeof j);
-    j.n = 1;
-    j.xq = xq.p;
-    j.xsig = xsig.p;
-    j.xq_plane = T * C;
-    j.W[0] = m->W;
-    j.y[0] = dy.p;
-    j.ldy[0] = R;
-    j.start[1] = (int)((R + G4_BM - 1) / G4_BM);
+    const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     printf("  %-27s %5lld x %-5lld T=%-5lld", name, (long long)R, (long long)C, (long long)T);
     for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
         cudaEvent_t a, b;
