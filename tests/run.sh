@@ -2,7 +2,8 @@
 # Runs every lilac test suite and ends with one line: "N passed, N failed".
 #  - C unit tests (tests/unit/test_*.c), plain build and ASan+UBSan build;
 #  - fuzz targets, a bounded run each over their seed corpus;
-#  - the device sampler's kernels on the CPU (CUDA emulator, tests/cuda/emu);
+#  - the device sampler's kernels on the CPU (CUDA emulator, tests/cuda/emu), and the chunked
+#    GDN prefill and the wgmma GEMM there too;
 #  - Python suites against outside oracles (tests/**/test_*.py, pytest in .venv).
 # Each suite prints its own summary with "N passed" / "N failed"; this script adds them up.
 # A suite that crashes or prints no summary counts as one failure.
@@ -55,6 +56,14 @@ fi
 if command -v g++ >/dev/null; then
     run_suite "emu/test_gdn_chunk" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/emu/test_gdn_chunk_emu.cc -lm -o build/test_gdn_chunk_emu && build/test_gdn_chunk_emu"
+fi
+# The 4-bit prefill GEMM on wgmma (src/backend/cuda/cuda_gemm_wg.cuh) on the same emulator, with
+# its stand-in for wgmma.mma_async (emu/wgmma.h): against the dequantised product in double; the
+# second run resumes the threads in a random order after each barrier.
+if command -v g++ >/dev/null; then
+    run_suite "emu/test_gemm_wg" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
+        -x c++ tests/cuda/emu/test_gemm_wg_emu.cc -lm -o build/test_gemm_wg_emu && build/test_gemm_wg_emu && \
+        CUEMU_SHUFFLE=1 build/test_gemm_wg_emu"
 fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do

@@ -39,14 +39,7 @@
 #include <stdint.h>
 
 #ifdef LILAC_CUEMU // the emulator's copies land at once; its mma.h stands in for the tensor cores
-#include "mma.h"
-__device__ __forceinline__ void pdl_wait() {}
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    if (valid) memcpy(smem, gmem, 16);
-    else memset(smem, 0, 16);
-}
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N> __device__ __forceinline__ void cp_async_wait() {}
+#include "mma.h" // (pdl_wait and the cp.async stand-ins: the emulator's cuda_runtime.h)
 #define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
 #else
 #include <atomic>

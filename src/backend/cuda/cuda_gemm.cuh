@@ -32,15 +32,12 @@
 // A fragment); 8-bit codes in the MLX layout. B fragments come from ldmatrix.
 #pragma once
 #include "cuda_common.cuh"
+#include "cuda_g4.cuh"
 
-#define G4_BM 128
-#define G4_BN 64
-#define G4_BK 64      // = the quantisation group
 #ifndef G4_STAGES // (4: the same speed, docs/perf.md session 6)
 #define G4_STAGES 3
 #endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
-#define G4_MATS 4
 #define G4_NP 3     // int8 pieces of a 4-bit GEMM's input
 #define G4_QLDW 20 // 4-byte words per token row of one piece in shared memory (16 used; 20: conflict-free)
 // Where column c (0..63) of a group goes in the piece layout: within each block of
@@ -76,19 +73,6 @@ struct g4_stage {
 };
 template <int BITS> constexpr size_t g4_smem() { return sizeof(g4_stage<BITS>) * G4_STAGES; }
 
-// Up to G4_MATS matrices that read the same input rows, in one launch: x-tiles
-// [start[i], start[i+1]) compute matrix i into y[i] (row stride ldy[i]).
-struct g4_job {
-    dmat W[G4_MATS];
-    float *y[G4_MATS];
-    int64_t ldy[G4_MATS];
-    int start[G4_MATS + 1];
-    int n;
-    const int8_t *xq;   // 4-bit: the pieces, [piece][row][cols] in the K order of the packed codes (k_split_x)
-    const float *xsig;  // 4-bit: sigma per row and group, [row][cols/64]
-    int64_t xq_plane;   // bytes from one piece's plane to the next
-};
-
 __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%0,%1,%2,%3};\n"
@@ -110,14 +94,6 @@ __device__ __forceinline__ void imma_s8_z(int (&d)[4], uint32_t a0, uint32_t a1,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
-// The two codes at bits 0-3 and 16-19 of w as an exact bf16x2: (128 + q) - 128, the first step one lop3.
-__device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
-    uint32_t v;
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(v) : "r"(w), "r"(0x000F000Fu), "r"(0x43004300u)); // (w & m) | c
-    __nv_bfloat162 h = *(const __nv_bfloat162 *)&v;
-    h = __hsub2(h, __floats2bfloat162_rn(128.0f, 128.0f));
-    return *(const uint32_t *)&h;
-}
 // Fragment register a_j (two codes) of a packed word as an exact bf16x2.
 __device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) { return pk_frag2(w >> (4 * j)); }
 
@@ -191,43 +167,6 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
             }
         }
     }
-}
-
-// The tile block (blockIdx.x, blockIdx.y) of a g4 launch computes (k_gemm_q, k_gemm_wg): its matrix W
-// (the expert's, grouped), output y with row stride ldy, first weight row m0, and the input row
-// (xrow) and output row (yrow) of each of its G4_BN tokens (-1: none). Grouped mode (tiles != null):
-// blockIdx.y is an entry (expert, first token) of the device-built tile map (k_moe_scan); the
-// expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input row is slot / x_div
-// and the output row the slot. Plain mode: token n is row n of the input and of y. False: nothing
-// to do (the whole block returns; the caller has not synchronised yet).
-__device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *offs, const int *sorted, const int2 *tiles,
-                                        const int *n_tiles, int x_div, dmat &W, float *&y, int64_t &ldy, int64_t &m0,
-                                        int *xrow, int *yrow) {
-    int mi = 0;
-    while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
-    W = job.W[mi];
-    y = job.y[mi];
-    ldy = job.ldy[mi];
-    int count = T, base = 0, n0 = blockIdx.y * G4_BN;
-    if (tiles) {
-        if ((int)blockIdx.y >= *n_tiles) return false;
-        const int2 tl = tiles[blockIdx.y];
-        base = offs[tl.x];
-        count = offs[tl.x + 1] - base;
-        n0 = tl.y;
-        W = dmat_expert(W, tl.x);
-    }
-    m0 = (int64_t)(blockIdx.x - job.start[mi]) * G4_BM;
-    if (n0 >= count || m0 >= W.rows) return false;
-    const int tid = threadIdx.x;
-    if (tid < G4_BN) {
-        const int n = n0 + tid;
-        const int slot = n < count ? (tiles ? sorted[base + n] : n) : -1;
-        xrow[tid] = slot >= 0 ? (tiles ? slot / x_div : n) : -1;
-        yrow[tid] = slot;
-    }
-    __syncthreads();
-    return true;
 }
 
 // y[yrow(n)][m] = sum_k W[m][k] x(n, k) for affine W (4 or 8 bits, group 64),

@@ -29,9 +29,16 @@
 // left running across the next barrier, waited for before its fold (16% slower).
 //
 // sm_90a only (wgmma): other targets compile a kernel that traps. The host runs it
-// only where k_wg_probe, compiled the same way, reports the wgmma build.
+// only where k_wg_probe, compiled the same way, reports the wgmma build. The CUDA
+// emulator (tests/cuda/emu, whose wgmma.h carries the instruction's fragment map and
+// descriptor decoding) runs it in CI: built with -DLILAC_CUEMU (test_gemm_wg_emu.cc).
 #pragma once
-#include "cuda_gemm.cuh"
+#ifdef LILAC_CUEMU
+#include "wgmma.h"
+#else
+#include "cuda_common.cuh"
+#endif
+#include "cuda_g4.cuh"
 
 // Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
 // two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
@@ -43,27 +50,41 @@ struct wg_lay {
 };
 constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * wg_lay::S + 1024; } // + alignment slack
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if defined(LILAC_CUEMU) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
 #define WG_ON 1
 #else
 #define WG_ON 0
 #endif
 
-#if WG_ON
+#ifdef LILAC_CUEMU // the emulated MMA completes at once; copies are visible as they land
+inline void wg_fence() {}
+inline void wg_commit() {}
+template <int N> inline void wg_wait() {}
+inline void wg_proxy_fence() {}
+inline void wg_pin(float &) {}
+#define WG_SMEM(name) unsigned char *const name = cuemu::dyn_smem
+#elif WG_ON
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// The copies this thread saw land, visible to the async proxy (wgmma's reads of shared memory).
+__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif
+#ifndef LILAC_CUEMU
+#define WG_SMEM(name) extern __shared__ unsigned char name[]
+// Pins a register's value to this point of the program (the compiler cannot see wgmma's asynchronous writes).
+__device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 #endif
 // 1 where the wgmma kernel was built (sm_90a) for the device that runs this, else 0: the host's
 // switch (a compute capability of 9.0 alone does not say which image runs, e.g. under PTX JIT).
 __global__ void k_wg_probe(int *on) { *on = WG_ON; }
-// Pins a register's value to this point of the program (the compiler cannot see wgmma's asynchronous writes).
-__device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // d (+)= A (64 x 16, registers: this warp's 16 rows as an m16n8k16 A fragment) * B (16 x N, shared
 // memory, descriptor desc); accumulate 0: d = A B.
 __device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-#if WG_ON
+#ifdef LILAC_CUEMU
+    cuemu::wgmma_m64n64k16_bf16(d, a, desc, accumulate);
+#elif WG_ON
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
                  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
@@ -86,7 +107,7 @@ __global__ void __launch_bounds__(256, 2)
 #if WG_ON
     using C = wg_lay;
     constexpr int BN = G4_BN;
-    extern __shared__ unsigned char wg_smem_raw[];
+    WG_SMEM(wg_smem_raw);
     __shared__ int xrow[BN], yrow[BN];
     // the stages from the first 1024-byte boundary (pointer arithmetic on the shared array keeps
     // loads from it shared-memory loads)
@@ -193,7 +214,7 @@ __global__ void __launch_bounds__(256, 2)
     }
     for (int kt = 0; kt < nk; kt++) {
         cp_async_wait<wg_lay::S - 2>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); // the copies, visible to wgmma
+        wg_proxy_fence(); // the copies, visible to wgmma
         __syncthreads();
         if (kt + wg_lay::S - 1 < nk) load_stage((kt + wg_lay::S - 1) % wg_lay::S);
         cp_async_commit();

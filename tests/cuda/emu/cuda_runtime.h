@@ -19,7 +19,9 @@
 // after each barrier, so a missing barrier shows up as a wrong result. Device
 // memory is host memory. Grids may be 2-D; a launch's dynamic shared memory is
 // cuemu::dyn_smem. mma.h beside this file stands in for mma.sync m16n8k8 (tf32), for
-// src/backend/cuda/cuda_gdn_chunk.cuh (tests/cuda/emu/test_gdn_chunk_emu.cc).
+// src/backend/cuda/cuda_gdn_chunk.cuh (tests/cuda/emu/test_gdn_chunk_emu.cc); wgmma.h for
+// wgmma.mma_async m64n64k16 (bf16), for src/backend/cuda/cuda_gemm_wg.cuh
+// (tests/cuda/emu/test_gemm_wg_emu.cc).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -58,6 +60,10 @@ struct alignas(8) float2 {
     float x, y;
 };
 inline float2 make_float2(float x, float y) { return {x, y}; }
+struct alignas(8) int2 {
+    int x, y;
+};
+inline int2 make_int2(int x, int y) { return {x, y}; }
 #define __align__(n) alignas(n)
 
 namespace cuemu {
@@ -191,6 +197,23 @@ inline float __uint_as_float(unsigned u) {
     memcpy(&f, &u, 4);
     return f;
 }
+
+// Stand-ins for cuda_common.cuh's device helpers as the emulated kernels use them: copies land
+// at once (so the emulator checks what a pipeline copies where, not when); a 32-bit
+// shared-memory address is an offset into the launch's dynamic shared memory.
+inline void pdl_wait() {}
+inline void cp_async16(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+inline uint32_t smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - cuemu::dyn_smem); }
+inline void cp_async16_s(uint32_t s, const void *gmem, bool valid) { cp_async16(cuemu::dyn_smem + s, gmem, valid); }
+inline void cp_async4_s(uint32_t s, const void *gmem, bool valid) {
+    if (valid) memcpy(cuemu::dyn_smem + s, gmem, 4);
+    else memset(cuemu::dyn_smem + s, 0, 4);
+}
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
 
 // ---------------------------------------------------------------- runtime
 
