@@ -102,23 +102,20 @@ static inline cudaError_t launch_coop(cudaStream_t st, bool pdl, void (*k)(P...)
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-// Asynchronous global->shared copies (sm_80+): `valid` false zero-fills the destination.
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = valid ? 16 : 0; // 0: zero-fill
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-// The same to a 32-bit shared-memory address (smem_u32): no generic-to-shared conversion per copy.
+// Asynchronous global->shared copies (sm_80+) to a 32-bit shared-memory address (smem_u32):
+// `valid` false zero-fills the destination.
 __device__ __forceinline__ void cp_async16_s(uint32_t s, const void *gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async4_s(uint32_t s, const void *gmem, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 4 : 0));
+}
+// The same to a generic pointer into shared memory.
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    cp_async16_s((unsigned)__cvta_generic_to_shared(smem), gmem, valid);
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    cp_async4_s((unsigned)__cvta_generic_to_shared(smem), gmem, valid);
 }
 __device__ __forceinline__ void cp_async8(void *smem, const void *gmem) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
