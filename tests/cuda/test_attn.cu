@@ -117,10 +117,11 @@ static double rel_err(const std::vector<float> &got, const std::vector<double> &
     return *n_nan ? INFINITY : md / mr;
 }
 
-// qp: the kernel's pieces of Q and P (attn_prefill_launch's qp). With one piece the
+// qp: the kernel's pieces of Q and P (attn_prefill_launch's qp); wg: the wgmma kernel
+// (k_attn_wg, hd 256) instead of k_attn_prefill. With one piece the
 // reference takes the queries the kernel multiplies (bf16 of q times the kernel's f32
 // log2-domain scale, mapped back to natural units), so that what remains is P's rounding.
-static bool run_case(const Case &c, bool timed, int qp = 2) {
+static bool run_case(const Case &c, bool timed, int qp = 2, bool wg = false) {
     const int nh = c.nh, nkv = c.nkv, hd = c.hd, T = c.T, pos = c.pos;
     const size_t rows = (size_t)pos + T + 40; // 40 poisoned rows past the valid ones
     const size_t nq = (size_t)T * nh * 2 * hd, nkvel = rows * nkv * hd, no = (size_t)T * nh * hd;
@@ -153,7 +154,7 @@ static bool run_case(const Case &c, bool timed, int qp = 2) {
 
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    cudaError_t e = attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st, qp);
+    cudaError_t e = attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st, qp, wg);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     bool ok = e == cudaSuccess;
     if (!ok) printf("  launch/run error: %s\n", cudaGetErrorString(e));
@@ -182,8 +183,8 @@ static bool run_case(const Case &c, bool timed, int qp = 2) {
     // 2^-9 max|v| (~2e-3 of max|ref| for the short rows): the bar is 4e-3.
     const double bar = qp == 1 ? 4e-3 : (size_t)pos + T > 32768 ? 5e-4 : 1e-4;
     ok = ok && err <= bar;
-    printf("%s%s nh=%2d nkv=%d hd=%3d T=%4d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL",
-           qp == 1 ? " bf16 Q,P" : "", nh, nkv, hd, T, pos, err);
+    printf("%s%s%s nh=%2d nkv=%d hd=%3d T=%4d pos=%5d  max|err|/max|ref| = %.3e", ok ? "PASS" : "FAIL",
+           wg ? " wgmma" : "", qp == 1 ? " bf16 Q,P" : "", nh, nkv, hd, T, pos, err);
     if (n_nan) printf("  (%zu non-finite / unwritten elements)", n_nan);
     printf("\n");
     fflush(stdout);
@@ -191,11 +192,11 @@ static bool run_case(const Case &c, bool timed, int qp = 2) {
     const double flops = 4.0 * T * (pos + (T + 1) / 2.0) * nh * hd;
     double tn = 0.0;
     if (timed && ok) {
-        tn = time_ms(st, [&]() { CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st, qp)); });
-        printf("  time attn_prefill%s  %8.3f ms  %7.2f TFLOP/s (useful f32-equivalent, median of 20)\n",
-               qp == 1 ? " (bf16 Q,P)" : "", tn, flops / tn * 1e-9);
+        tn = time_ms(st, [&]() { CK(attn_prefill_launch(dq, dk, dv, dpos, T, nh, nkv, hd, dout, st, qp, wg)); });
+        printf("  time %s%s  %8.3f ms  %7.2f TFLOP/s (useful f32-equivalent, median of 20)\n",
+               wg ? "k_attn_wg" : "k_attn_prefill", qp == 1 ? " (bf16 Q,P)" : "", tn, flops / tn * 1e-9);
     }
-    if (timed && ok && qp == 2) { // the peer: k_attn, one split, on the same inputs
+    if (timed && ok && qp == 2 && !wg) { // the peer: k_attn, one split, on the same inputs
         float *dout2;
         CK(cudaMalloc(&dout2, no * 4));
         CK(cudaMemset(dout2, 0xFF, no * 4));
@@ -523,14 +524,22 @@ int main(void) {
     cases.push_back({8, 2, 128, 100, 37});
     cases.push_back({16, 2, 256, 64, 40000});
     int pass = 0, fail = 0;
+    int *don, wg_on = 0; // the wgmma kernel where its sm_90a image runs (the backend's switch)
+    CK(cudaMalloc(&don, sizeof(int)));
+    k_wg_probe<<<1, 1>>>(don);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(&wg_on, don, sizeof(int), cudaMemcpyDeviceToHost));
+    CK(cudaFree(don));
+    printf("k_attn_wg (wgmma): %s\n", wg_on ? "tested" : "not built for this device");
     for (const Case &c : cases) {
         const bool timed = c.nh == 16 && c.nkv == 2 && c.hd == 256 && c.T == 2048 && c.pos == 2048;
-        for (int qp : {2, 1}) { // the default pieces, then LILAC_ATTN_BF16's
-            if (run_case(c, timed, qp))
-                pass++;
-            else
-                fail++;
-        }
+        for (int wg = 0; wg <= (wg_on && c.hd == attn_wg::HD ? 1 : 0); wg++)
+            for (int qp : {2, 1}) { // the default pieces, then LILAC_ATTN_BF16's
+                if (run_case(c, timed, qp, wg))
+                    pass++;
+                else
+                    fail++;
+            }
     }
     CK(cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)));
     CK(cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)));

@@ -61,6 +61,7 @@
 #include <atomic>
 
 #include "cuda_common.cuh"
+#include "cuda_attn_wg.cuh" // the wgmma kernel for hd 256 (and lilac_fa::q_scale)
 
 namespace lilac_fa {
 
@@ -78,10 +79,6 @@ constexpr int NT = 128;    // threads per block (4 warps x 16 query rows)
 constexpr int NB = FA_NB;  // K/V tile buffers: NB - 1 tiles in flight while one is computed
 constexpr int SP = BN >= 64 ? 1 : 2; // S accumulator sets (by k-step parity: independent MMA chains)
 static_assert(NB >= 2 && BN % 16 == 0, "attention variant");
-
-// Q's scale into the log2 domain of the scores: log2(e) / sqrt(hd) (the kernel rounds q times
-// this to bf16; test_attn's one-piece reference takes the same product).
-__host__ __device__ inline float q_scale(int hd) { return 1.4426950408889634f / sqrtf((float)hd); }
 
 // QP: bf16 pieces of Q and of P (a template argument of the kernel): 2, hi + lo, the
 // f32-faithful default; 1, one bf16 each, as FlashAttention does on the bf16 model
@@ -349,34 +346,55 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     }
 }
 
-template <int HD, int QP>
-static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
-                                          const int *d_pos, int T, int nh, int nkv, float *out, cudaStream_t st) {
-    constexpr size_t sm = lilac_fa::geom<HD, QP>::smem;
-    // The opt-in above 48 KB, once per device (bit d of the mask).
-    static std::atomic<unsigned long long> done{0};
+// The opt-in above 48 KB of dynamic shared memory for kernel k, once per device (bit d of done).
+static inline cudaError_t fa_smem_optin(const void *k, size_t sm, std::atomic<unsigned long long> &done) {
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
     const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
     if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
-        e = cudaFuncSetAttribute(k_attn_prefill<HD, QP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_relaxed);
     }
+    return cudaSuccess;
+}
+
+template <int HD, int QP>
+static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
+                                          const int *d_pos, int T, int nh, int nkv, float *out, cudaStream_t st) {
+    constexpr size_t sm = lilac_fa::geom<HD, QP>::smem;
+    static std::atomic<unsigned long long> done{0};
+    cudaError_t e = fa_smem_optin((const void *)k_attn_prefill<HD, QP>, sm, done);
+    if (e != cudaSuccess) return e;
     const unsigned blocks = (unsigned)((T + lilac_fa::BM - 1) / lilac_fa::BM) * (unsigned)nh;
     k_attn_prefill<HD, QP><<<blocks, lilac_fa::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
+    return cudaGetLastError();
+}
+template <int QP>
+static inline cudaError_t attn_wg_go(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const int *d_pos,
+                                     int T, int nh, int nkv, float *out, cudaStream_t st) {
+    constexpr size_t sm = attn_wg::smem(QP);
+    static std::atomic<unsigned long long> done{0};
+    cudaError_t e = fa_smem_optin((const void *)k_attn_wg<QP>, sm, done);
+    if (e != cudaSuccess) return e;
+    const unsigned blocks = (unsigned)((T + attn_wg::BM - 1) / attn_wg::BM) * (unsigned)nh;
+    k_attn_wg<QP><<<blocks, attn_wg::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
     return cudaGetLastError();
 }
 
 // Causal gated attention of a prefill chunk of T tokens at position *d_pos (see the
 // top of this file). hd 64, 128 or 256; nh a multiple of nkv; qp: pieces of Q and P (2,
-// or 1 for FlashAttention's bf16 precision). No host synchronisation.
+// or 1 for FlashAttention's bf16 precision); wg: hd 256 on the wgmma kernel (cuda_attn_wg.cuh;
+// only where k_wg_probe reports its sm_90a build). No host synchronisation.
 static inline cudaError_t attn_prefill_launch(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc,
                                               const int *d_pos, int T, int nh, int nkv, int hd, float *out, cudaStream_t st,
-                                              int qp = 2) {
+                                              int qp = 2, bool wg = false) {
     if (T <= 0) return cudaSuccess;
     if (nh <= 0 || nkv <= 0 || nh % nkv || (qp != 1 && qp != 2)) return cudaErrorInvalidValue;
+    if (wg && hd == attn_wg::HD)
+        return qp == 1 ? attn_wg_go<1>(qg, kc, vc, d_pos, T, nh, nkv, out, st)
+                       : attn_wg_go<2>(qg, kc, vc, d_pos, T, nh, nkv, out, st);
 #define LILAC_FA_GO(HD)                                                                                                 \
     return qp == 1 ? attn_prefill_go<HD, 1>(qg, kc, vc, d_pos, T, nh, nkv, out, st)                                    \
                    : attn_prefill_go<HD, 2>(qg, kc, vc, d_pos, T, nh, nkv, out, st)

@@ -340,7 +340,8 @@ struct lilac_session {
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
     int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
-    bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90 only; LILAC_GEMM_WG=0: k_gemm_q<4>)
+    bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
+    bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -672,20 +673,24 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
     if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
-    // The 4-bit prefill GEMMs on Hopper's warpgroup MMA (cuda_gemm_wg.cuh) where the sm_90a image runs
-    // (k_wg_probe); LILAC_GEMM_WG=0: the mma.sync kernel with three int8 pieces (k_gemm_q<4>)
-    s->gemm_wg = false;
-    if (const char *e = getenv("LILAC_GEMM_WG"); ok && !(e && !strcmp(e, "0"))) {
+    // Hopper's warpgroup MMA (cuda_wgmma.cuh) where the sm_90a image runs (k_wg_probe): the 4-bit
+    // prefill GEMMs (cuda_gemm_wg.cuh; LILAC_GEMM_WG=0: the mma.sync kernel with three int8 pieces,
+    // k_gemm_q<4>) and the prefill attention at hd 256 (cuda_attn_wg.cuh; LILAC_ATTN_WG=0: k_attn_prefill)
+    bool wg_on = false;
+    if (ok) {
         int *d_on = nullptr, on = 0;
         if (cudaMalloc((void **)&d_on, sizeof(int)) == cudaSuccess) {
             k_wg_probe<<<1, 1, 0, s->st>>>(d_on);
-            s->gemm_wg = cudaGetLastError() == cudaSuccess &&
-                         cudaMemcpyAsync(&on, d_on, sizeof(int), cudaMemcpyDeviceToHost, s->st) == cudaSuccess &&
-                         cudaStreamSynchronize(s->st) == cudaSuccess && on == 1;
+            wg_on = cudaGetLastError() == cudaSuccess &&
+                    cudaMemcpyAsync(&on, d_on, sizeof(int), cudaMemcpyDeviceToHost, s->st) == cudaSuccess &&
+                    cudaStreamSynchronize(s->st) == cudaSuccess && on == 1;
             cudaFree(d_on);
         }
         cudaGetLastError();
     }
+    const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
+    s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
+    s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
@@ -1017,7 +1022,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     }
     if (T > 1) { // prefill: tensor-core flash attention (cuda_attn.cuh)
         CK(attn_prefill_launch(s->qg, s->kc[(size_t)l], s->vc[(size_t)l], s->d_pos, T, nh, nkv, hd, s->att, s->st,
-                               s->attn_qp));
+                               s->attn_qp, s->attn_wg));
         prof_mark(s, PH_ATTN_CORE);
         return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
     }

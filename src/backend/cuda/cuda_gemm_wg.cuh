@@ -33,11 +33,7 @@
 // emulator (tests/cuda/emu, whose wgmma.h carries the instruction's fragment map and
 // descriptor decoding) runs it in CI: built with -DLILAC_CUEMU (test_gemm_wg_emu.cc).
 #pragma once
-#ifdef LILAC_CUEMU
-#include "wgmma.h"
-#else
-#include "cuda_common.cuh"
-#endif
+#include "cuda_wgmma.cuh"
 #include "cuda_g4.cuh"
 
 // Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
@@ -50,55 +46,6 @@ struct wg_lay {
 };
 constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * wg_lay::S + 1024; } // + alignment slack
 
-#if defined(LILAC_CUEMU) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
-#define WG_ON 1
-#else
-#define WG_ON 0
-#endif
-
-#ifdef LILAC_CUEMU // the emulated MMA completes at once; copies are visible as they land
-inline void wg_fence() {}
-inline void wg_commit() {}
-template <int N> inline void wg_wait() {}
-inline void wg_proxy_fence() {}
-inline void wg_pin(float &) {}
-#define WG_SMEM(name) unsigned char *const name = cuemu::dyn_smem
-#elif WG_ON
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// The copies this thread saw land, visible to the async proxy (wgmma's reads of shared memory).
-__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-#endif
-#ifndef LILAC_CUEMU
-#define WG_SMEM(name) extern __shared__ unsigned char name[]
-// Pins a register's value to this point of the program (the compiler cannot see wgmma's asynchronous writes).
-__device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
-#endif
-// 1 where the wgmma kernel was built (sm_90a) for the device that runs this, else 0: the host's
-// switch (a compute capability of 9.0 alone does not say which image runs, e.g. under PTX JIT).
-__global__ void k_wg_probe(int *on) { *on = WG_ON; }
-
-// d (+)= A (64 x 16, registers: this warp's 16 rows as an m16n8k16 A fragment) * B (16 x N, shared
-// memory, descriptor desc); accumulate 0: d = A B.
-__device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-#ifdef LILAC_CUEMU
-    cuemu::wgmma_m64n64k16_bf16(d, a, desc, accumulate);
-#elif WG_ON
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-#else
-    (void)d, (void)a, (void)desc, (void)accumulate;
-#endif
-}
 // The 4-bit GEMM: arguments and modes (plain / grouped over the expert tile map) as k_gemm_q<4>,
 // reading the input's bf16 parts xh/xl and group sums xs (k_split_x).
 __global__ void __launch_bounds__(256, 2)
@@ -171,18 +118,14 @@ __global__ void __launch_bounds__(256, 2)
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
             for (int j = 0; j < 4; j++) a[ks][j] = pk_frag2(wk[ks] >> (4 * j));
-        // descriptors (128-byte swizzle, 8-row atoms 1024 B apart): the start address >> 4 in the
-        // low bits, k-step ks 32 bytes further
-        const uint32_t dh = (((sm_a + (uint32_t)(sidx * C::SIZE + C::XH)) & 0x3FFFFu) >> 4) | 1u << 16,
-                       dl = dh + (uint32_t)(C::XL - C::XH) / 16;
-        const uint64_t hi = (uint64_t)((1024 >> 4) | 1u << 30) << 32;
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_pin(p[i]);
+        // the parts' descriptors (K-major, cuda_wgmma.cuh); k-step ks 32 bytes further
+        const uint64_t dh = wg_desc_k(sm_a + (uint32_t)(sidx * C::SIZE + C::XH)), dl = dh + (C::XL - C::XH) / 16;
+        wg_pin(p);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
-            wg_mma_64x64(p, a[ks], hi | (dl + 2 * ks), ks > 0);
-            wg_mma_64x64(p, a[ks], hi | (dh + 2 * ks), 1);
+            wg_mma_64x64(p, a[ks], dl + 2 * ks, ks > 0);
+            wg_mma_64x64(p, a[ks], dh + 2 * ks, 1);
         }
         wg_commit();
     };
@@ -194,8 +137,7 @@ __global__ void __launch_bounds__(256, 2)
         const float s0 = __uint_as_float(u0 << 16), b0 = __uint_as_float(u0 & 0xFFFF0000u),
                     s1 = __uint_as_float(u1 << 16), b1 = __uint_as_float(u1 & 0xFFFF0000u);
         const float *xsv = (const float *)(S + C::XS);
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_pin(p[i]);
+        wg_pin(p);
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
             const float2 xx = *(const float2 *)&xsv[8 * j + 2 * t];

@@ -20,8 +20,8 @@
 // memory is host memory. Grids may be 2-D; a launch's dynamic shared memory is
 // cuemu::dyn_smem. mma.h beside this file stands in for mma.sync m16n8k8 (tf32), for
 // src/backend/cuda/cuda_gdn_chunk.cuh (tests/cuda/emu/test_gdn_chunk_emu.cc); wgmma.h for
-// wgmma.mma_async m64n64k16 (bf16), for src/backend/cuda/cuda_gemm_wg.cuh
-// (tests/cuda/emu/test_gemm_wg_emu.cc).
+// wgmma.mma_async m64n64k16 (bf16), for src/backend/cuda/cuda_wgmma.cuh's users
+// (tests/cuda/emu/test_gemm_wg_emu.cc, test_attn_wg_emu.cc).
 #pragma once
 #include <math.h>
 #include <stdint.h>

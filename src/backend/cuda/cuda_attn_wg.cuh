@@ -1,0 +1,263 @@
+// cuda_attn_wg.cuh — the prefill flash attention on Hopper's warpgroup MMA (wgmma), head_dim 256.
+//
+// The same computation as k_attn_prefill (cuda_attn.cuh, whose header gives the semantics and
+// the precision argument): causal GQA attention of a chunk of T queries at position *d_pos, Q
+// (f32, scaled into the log2 domain) split into QP bf16 pieces, K and V exact from the bf16
+// cache, online softmax in f32, P split into QP pieces, f32 accumulation, the sigmoid gate.
+// The sums run in the same order (per 16-dim step the lo piece, then the hi piece, into one
+// f32 accumulator), so the two kernels differ only in the tensor cores' summation inside a step.
+//
+// Why: k_attn_prefill feeds mma.sync one m16n8k16 at a time, loading every K and V fragment
+// through ldmatrix; it ran at ~27% of the bf16 peak (test_attn, run 76) and made a 128k
+// prefill attention-bound. Here one warpgroup (4 warps, 64 queries: the same grid) issues
+// wgmma.m64n64k16, which reads K, V and Q from shared memory itself:
+//  - S = Q K^T: A = the Q tile (K-major), B = the K tile (K-major); 16 dim steps x QP pieces.
+//  - O += P V: A = P from registers (the S accumulator's map is the A fragment map), B = the V
+//    tile read MN-major (the transpose flag: V is stored [key][dim], dims along the row);
+//    4 key steps x 4 blocks of 64 dims x QP pieces, into four 64 x 64 accumulators (O is
+//    64 x 256 per warpgroup: 128 f32 per thread).
+// Q, K and V tiles share one shared-memory layout (cuda_wgmma.cuh): 64 rows of 256 bf16 as 4
+// blocks of 64 dims, 8 KB each, 128-byte swizzled; the copies write it directly.
+// Shared memory: Q (QP x 32 KB) + NB = 2 buffers each of K and V (128 KB): 192 KB at QP 2.
+//
+// The CPU emulator (tests/cuda/emu: wgmma.h decodes both descriptor kinds) runs this kernel in
+// CI (test_attn_wg_emu.cc); test_attn runs it on the device against the same reference as
+// k_attn_prefill.
+#pragma once
+#include "cuda_wgmma.cuh"
+
+namespace lilac_fa {
+// Q's scale into the log2 domain of the scores: log2(e) / sqrt(hd) (both kernels round q times
+// this to bf16; test_attn's one-piece reference takes the same product).
+__host__ __device__ inline float q_scale(int hd) { return 1.4426950408889634f / sqrtf((float)hd); }
+} // namespace lilac_fa
+
+namespace attn_wg {
+constexpr int HD = 256, BM = 64, BN = 64, NT = 128, NB = 2;
+constexpr uint32_t TILE = 64 * HD * 2; // one 64-row operand: 4 blocks of 64 dims x 64 rows x 128 B
+constexpr size_t smem(int qp) { return (size_t)(qp + 2 * NB) * TILE + 1024; } // + alignment slack
+// Byte offset in a tile of 16-byte chunk ch (dims 8 ch .. 8 ch + 7) of row r.
+__device__ __forceinline__ uint32_t sw(int r, int ch) {
+    return (uint32_t)((ch >> 3) * 8192 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+// (a, b) rounded to a bf16x2 (a in the low half), to nearest even.
+__device__ __forceinline__ uint32_t bf16x2_rn(float a, float b) {
+#ifdef LILAC_CUEMU // finite values only, as here
+    auto rn = [](float f) {
+        const uint32_t u = __float_as_uint(f);
+        return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    };
+    return rn(a) | rn(b) << 16;
+#else
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+#endif
+}
+// (a, b) = hi + lo, two bf16x2 (cuda_attn.cuh's split2).
+__device__ __forceinline__ void split(float a, float b, uint32_t &hi, uint32_t &lo) {
+    hi = bf16x2_rn(a, b);
+    lo = bf16x2_rn(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xFFFF0000u));
+}
+} // namespace attn_wg
+
+// Grid: ceil(T / 64) * nh blocks (heaviest query tiles first), 128 threads (one warpgroup),
+// attn_wg::smem(QP) bytes of dynamic shared memory. hd 256.
+template <int QP>
+__global__ void __launch_bounds__(attn_wg::NT, 1)
+    k_attn_wg(const float *qg, const __nv_bfloat16 *kc, const __nv_bfloat16 *vc, const int *d_pos, int T, int nh, int nkv,
+              float *out) {
+#if WG_ON
+    using namespace attn_wg;
+    pdl_wait();
+    WG_SMEM(wg_smem_raw);
+    unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
+    const uint32_t sQh = smem_u32(sm), sQl = sQh + (QP - 1) * TILE, sK = sQh + QP * TILE, sV = sK + NB * TILE;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nqt = (T + BM - 1) / BM;
+    const int qt = nqt - 1 - (int)(blockIdx.x / (unsigned)nh), h = (int)(blockIdx.x % (unsigned)nh);
+    const int kh = h / (nh / nkv);
+    const int q0 = qt * BM;
+    const int pos = *d_pos;
+    // Keys this block needs: [0, kv_end); rows past it are zero-filled in the tiles.
+    const int kv_end = pos + (q0 + BM < T ? q0 + BM : T);
+    const int ntiles = (kv_end + BN - 1) / BN;
+    const int64_t kvw = (int64_t)nkv * HD;
+    const __nv_bfloat16 *const kbase = kc + (int64_t)kh * HD, *const vbase = vc + (int64_t)kh * HD;
+
+    // Tile j of K and V into buffer b, one commit group: chunk c = tid + 128 i is dims
+    // 8 (c % 32) .. of key c / 32 (a warp copies one key's 512 contiguous bytes).
+    auto issue_tile = [&](int j, int b) {
+#pragma unroll
+        for (int i = 0; i < BN * 32 / NT; i++) {
+            const int c = tid + i * NT, key = c >> 5, ch = c & 31, kg = j * BN + key;
+            const bool ok = kg < kv_end;
+            const int64_t off = ok ? (int64_t)kg * kvw + ch * 8 : 0;
+            const uint32_t so = (uint32_t)b * TILE + sw(key, ch);
+            cp_async16_s(sK + so, kbase + off, ok);
+            cp_async16_s(sV + so, vbase + off, ok);
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int j = 0; j < NB - 1; j++) {
+        if (j < ntiles) issue_tile(j, j);
+        else cp_async_commit();
+    }
+
+    // Q tile: scaled into the log2 domain, split, into its swizzled places (rows past T: zero).
+    {
+        const float qs = lilac_fa::q_scale(HD);
+#pragma unroll 4
+        for (int i = 0; i < BM * 32 / NT; i++) {
+            const int c = tid + i * NT, row = c >> 5, ch = c & 31, t = q0 + row;
+            float4 v0 = make_float4(0.f, 0.f, 0.f, 0.f), v1 = v0;
+            if (t < T) {
+                const float4 *src = reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + ch * 8);
+                v0 = src[0];
+                v1 = src[1];
+            }
+            uint4 hi, lo;
+            split(v0.x * qs, v0.y * qs, hi.x, lo.x);
+            split(v0.z * qs, v0.w * qs, hi.y, lo.y);
+            split(v1.x * qs, v1.y * qs, hi.z, lo.z);
+            split(v1.z * qs, v1.w * qs, hi.w, lo.w);
+            *reinterpret_cast<uint4 *>(sm + sw(row, ch)) = hi;
+            if (QP == 2) *reinterpret_cast<uint4 *>(sm + TILE + sw(row, ch)) = lo;
+        }
+    }
+
+    const int g = lane >> 2, tq = lane & 3;
+    const int lim0 = pos + q0 + warp * 16 + g, lim1 = lim0 + 8; // last key of rows g, g + 8
+    const int diag = pos + q0;                                   // smallest limit in the block
+    float o[4][32], s[32];                                       // O: 4 blocks of 64 dims
+#pragma unroll
+    for (int i = 0; i < 32; i++) o[0][i] = o[1][i] = o[2][i] = o[3][i] = s[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int j = 0; j < ntiles; j++) {
+        cp_async_wait<NB - 2>(); // this thread's chunks of tile j have landed
+        wg_proxy_fence();        // (and the Q tile's stores), visible to wgmma
+        __syncthreads();         // everyone's; every MMA of tile j - 1 is complete
+        if (j + NB - 1 < ntiles) issue_tile(j + NB - 1, (j + NB - 1) % NB); // into the buffers tile j - 1 left
+        else cp_async_commit();
+        const uint32_t kb = sK + (uint32_t)(j % NB) * TILE, vb = sV + (uint32_t)(j % NB) * TILE;
+
+        // ---- S = Q K^T (log2 domain): dim step kk is block kk / 4, 32 bytes per step inside it
+        wg_pin(s);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint32_t ko = (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32);
+            const uint64_t dk = wg_desc_k(kb + ko);
+            if (QP == 2) wg_mma_64x64_ss(s, wg_desc_k(sQl + ko), dk, kk > 0);
+            wg_mma_64x64_ss(s, wg_desc_k(sQh + ko), dk, QP == 2 || kk > 0);
+        }
+        wg_commit();
+        wg_wait<0>();
+        wg_pin(s);
+
+        // ---- causal mask (only on tiles crossing the diagonal); s[4n + e]: key 8n + 2 tq + (e & 1)
+        if (j * BN + BN - 1 > diag) {
+#pragma unroll
+            for (int n = 0; n < BN / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = j * BN + n * 8 + 2 * tq + e;
+                    if (key > lim0) s[4 * n + e] = -INFINITY;
+                    if (key > lim1) s[4 * n + 2 + e] = -INFINITY;
+                }
+        }
+
+        // ---- online softmax (rows g and g + 8 of the warp; a quad holds a row)
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < BN / 8; n++) {
+            s[4 * n] = exp2f(s[4 * n] - b0);
+            s[4 * n + 1] = exp2f(s[4 * n + 1] - b0);
+            s[4 * n + 2] = exp2f(s[4 * n + 2] - b1);
+            s[4 * n + 3] = exp2f(s[4 * n + 3] - b1);
+            rs0 += s[4 * n] + s[4 * n + 1];
+            rs1 += s[4 * n + 2] + s[4 * n + 3];
+        }
+        l0 = l0 * c0 + rs0; // per-thread partial row sums; the quad is summed at the end
+        l1 = l1 * c1 + rs1;
+#pragma unroll
+        for (int b = 0; b < 4; b++)
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+                o[b][4 * n] *= c0;
+                o[b][4 * n + 1] *= c0;
+                o[b][4 * n + 2] *= c1;
+                o[b][4 * n + 3] *= c1;
+            }
+
+        // ---- O += P V: P's key step ks is the A fragment (keys 16 ks + 2 tq (+8), rows g, g + 8)
+        uint32_t ph[4][4], pl[4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            split(s[8 * ks], s[8 * ks + 1], ph[ks][0], pl[ks][0]);
+            split(s[8 * ks + 2], s[8 * ks + 3], ph[ks][1], pl[ks][1]);
+            split(s[8 * ks + 4], s[8 * ks + 5], ph[ks][2], pl[ks][2]);
+            split(s[8 * ks + 6], s[8 * ks + 7], ph[ks][3], pl[ks][3]);
+        }
+#pragma unroll
+        for (int b = 0; b < 4; b++) wg_pin(o[b]);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) { // keys 16 ks .. (2 KB per step), dims 64 b .. (8 KB per block)
+                const uint64_t dv = wg_desc_mn(vb + (uint32_t)(ks * 2048 + b * 8192), 8192);
+                if (QP == 2) wg_mma_64x64<1>(o[b], pl[ks], dv, 1);
+                wg_mma_64x64<1>(o[b], ph[ks], dv, 1);
+            }
+        wg_commit();
+        wg_wait<0>();
+#pragma unroll
+        for (int b = 0; b < 4; b++) wg_pin(o[b]);
+    }
+
+    // ---- normalise, gate, store
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = q0 + warp * 16 + g + half * 8;
+        if (t >= T) continue;
+        const float inv = 1.0f / (half ? l1 : l0);
+        const float *gate = qg + ((int64_t)t * nh + h) * 2 * HD + HD;
+        float *dst = out + ((int64_t)t * nh + h) * HD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const int d = n * 8 + 2 * tq;
+            const float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 r;
+            r.x = o[n >> 3][4 * (n & 7) + 2 * half] * inv / (1.0f + expf(-gv.x));
+            r.y = o[n >> 3][4 * (n & 7) + 2 * half + 1] * inv / (1.0f + expf(-gv.y));
+            *reinterpret_cast<float2 *>(dst + d) = r;
+        }
+    }
+#else
+    (void)qg, (void)kc, (void)vc, (void)d_pos, (void)T, (void)nh, (void)nkv, (void)out;
+#ifdef __CUDA_ARCH__
+    __trap(); // not the sm_90a image: the host never launches this (k_wg_probe)
+#endif
+#endif
+}
