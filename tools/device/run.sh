@@ -22,7 +22,7 @@
 #
 #   RUN_LIMIT=s: stop (and pack the logs) after s seconds, default 540; 0: no limit
 # Inputs it can use when present (carried by the device tool, git-ignored):
-#   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries,
+#   .devdeps/root   Debian's jansson/pcre2/utf8proc/microhttpd headers and libraries (tools/device/devdeps.sh),
 #                   for machines without them (the device image has none)
 #   .devdata/tiny   a small oracle checkpoint (tests/oracle makes them)
 #   .devdata/tiny-hf  its HF bf16 twin (tools/oracle/make_case.py tiny --hf), for tools/device/hf_check.py
