@@ -9,16 +9,23 @@
 //
 // Why: k_attn_prefill feeds mma.sync one m16n8k16 at a time, loading every K and V fragment
 // through ldmatrix; it ran at ~27% of the bf16 peak (test_attn, run 76) and made a 128k
-// prefill attention-bound. Here one warpgroup (4 warps, 64 queries: the same grid) issues
-// wgmma.m64n64k16, which reads K, V and Q from shared memory itself:
+// prefill attention-bound. Here wgmma.m64n64k16 reads K, V and Q from shared memory itself:
 //  - S = Q K^T: A = the Q tile (K-major), B = the K tile (K-major); 16 dim steps x QP pieces.
 //  - O += P V: A = P from registers (the S accumulator's map is the A fragment map), B = the V
 //    tile read MN-major (the transpose flag: V is stored [key][dim], dims along the row);
 //    4 key steps x 4 blocks of 64 dims x QP pieces, into four 64 x 64 accumulators (O is
 //    64 x 256 per warpgroup: 128 f32 per thread).
+// A block is one head's 64 queries (the grid of k_attn_prefill) and two warpgroups, which take
+// the key tiles in turn (0, 2, 4, ... and 1, 3, 5, ...), each with its own online softmax, K
+// tile and V tile, and meet once at the end, where warpgroup 1 hands its O, maxima and sums to
+// warpgroup 0 (the flash-decoding merge). So one warpgroup's softmax and copies run while the
+// other's MMAs do. K(j + 2) is copied as soon as S(j) is done, V(j + 2) once P V(j) is.
 // Q, K and V tiles share one shared-memory layout (cuda_wgmma.cuh): 64 rows of 256 bf16 as 4
 // blocks of 64 dims, 8 KB each, 128-byte swizzled; the copies write it directly.
-// Shared memory: Q (QP x 32 KB) + NB = 2 buffers each of K and V (128 KB): 192 KB at QP 2.
+// Shared memory: Q (QP x 32 KB) + 2 x (K, V) (128 KB): 192 KB at QP 2.
+// Measured (test_attn, T = 2048, pos = 2048; docs/perf.md runs 94-97): k_attn_prefill 0.78 ms;
+// one warpgroup per block 0.564; two 0.565; two with the copies' addresses hoisted (a whole tile
+// copies without bounds checks) and the descriptors precomputed 0.505 (204 TFLOP/s useful).
 //
 // The CPU emulator (tests/cuda/emu: wgmma.h decodes both descriptor kinds) runs this kernel in
 // CI (test_attn_wg_emu.cc); test_attn runs it on the device against the same reference as
@@ -33,12 +40,23 @@ __host__ __device__ inline float q_scale(int hd) { return 1.4426950408889634f / 
 } // namespace lilac_fa
 
 namespace attn_wg {
-constexpr int HD = 256, BM = 64, BN = 64, NT = 128, NB = 2;
+constexpr int HD = 256, BM = 64, BN = 64, NT = 256;
 constexpr uint32_t TILE = 64 * HD * 2; // one 64-row operand: 4 blocks of 64 dims x 64 rows x 128 B
-constexpr size_t smem(int qp) { return (size_t)(qp + 2 * NB) * TILE + 1024; } // + alignment slack
+constexpr size_t smem(int qp) { return (size_t)(qp + 4) * TILE + 1024; } // Q, 2 x (K, V), alignment slack
 // Byte offset in a tile of 16-byte chunk ch (dims 8 ch .. 8 ch + 7) of row r.
 __device__ __forceinline__ uint32_t sw(int r, int ch) {
     return (uint32_t)((ch >> 3) * 8192 + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+}
+// 2^x (the MUFU's ex2, max relative error ~2^-22 as exp2f's, without its denormal-input scaling;
+// 2^-inf = 0).
+__device__ __forceinline__ float ex2(float x) {
+#ifdef LILAC_CUEMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
 }
 // (a, b) rounded to a bf16x2 (a in the low half), to nearest even.
 __device__ __forceinline__ uint32_t bf16x2_rn(float a, float b) {
@@ -60,7 +78,7 @@ __device__ __forceinline__ void split(float a, float b, uint32_t &hi, uint32_t &
 }
 } // namespace attn_wg
 
-// Grid: ceil(T / 64) * nh blocks (heaviest query tiles first), 128 threads (one warpgroup),
+// Grid: ceil(T / 64) * nh blocks (heaviest query tiles first), 256 threads (two warpgroups),
 // attn_wg::smem(QP) bytes of dynamic shared memory. hd 256.
 template <int QP>
 __global__ void __launch_bounds__(attn_wg::NT, 1)
@@ -71,9 +89,11 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
     pdl_wait();
     WG_SMEM(wg_smem_raw);
     unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
-    const uint32_t sQh = smem_u32(sm), sQl = sQh + (QP - 1) * TILE, sK = sQh + QP * TILE, sV = sK + NB * TILE;
+    const int tid = threadIdx.x, wgi = tid >> 7, lt = tid & 127, lane = tid & 31, warp = (tid >> 5) & 3;
+    // Q (QP tiles), then each warpgroup's K and V tile
+    const uint32_t sQh = smem_u32(sm), sQl = sQh + (QP - 1) * TILE, sK = sQh + (uint32_t)(QP + 2 * wgi) * TILE,
+                   sV = sK + TILE;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nqt = (T + BM - 1) / BM;
     const int qt = nqt - 1 - (int)(blockIdx.x / (unsigned)nh), h = (int)(blockIdx.x % (unsigned)nh);
     const int kh = h / (nh / nkv);
@@ -85,25 +105,31 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
     const int64_t kvw = (int64_t)nkv * HD;
     const __nv_bfloat16 *const kbase = kc + (int64_t)kh * HD, *const vbase = vc + (int64_t)kh * HD;
 
-    // Tile j of K and V into buffer b, one commit group: chunk c = tid + 128 i is dims
-    // 8 (c % 32) .. of key c / 32 (a warp copies one key's 512 contiguous bytes).
-    auto issue_tile = [&](int j, int b) {
+    // Key tile j of the cache (K or V) into this warpgroup's tile at dst, one commit group: chunk
+    // i of this thread is dims 8 ch .. of key key0 + 4 i (a warp copies one key's 512 contiguous
+    // bytes). Its swizzled place is dA or dB (by the parity of i) + 512 i: (key0 + 4 i) & 7 is
+    // key0 + 4 (i & 1). Whole tiles copy without per-chunk bounds; the last one zero-fills past kv_end.
+    const int key0 = lt >> 5, ch = lt & 31;
+    const uint32_t xa = (uint32_t)(((ch & 7) ^ key0) << 4), dA = (uint32_t)((ch >> 3) * 8192 + key0 * 128) + xa,
+                   dB = dA - xa + (xa ^ 64u);
+    auto issue = [&](const __nv_bfloat16 *base, uint32_t dst, int j) {
+        const __nv_bfloat16 *src = base + (int64_t)(j * BN + key0) * kvw + ch * 8;
+        if (j * BN + BN <= kv_end) {
 #pragma unroll
-        for (int i = 0; i < BN * 32 / NT; i++) {
-            const int c = tid + i * NT, key = c >> 5, ch = c & 31, kg = j * BN + key;
-            const bool ok = kg < kv_end;
-            const int64_t off = ok ? (int64_t)kg * kvw + ch * 8 : 0;
-            const uint32_t so = (uint32_t)b * TILE + sw(key, ch);
-            cp_async16_s(sK + so, kbase + off, ok);
-            cp_async16_s(sV + so, vbase + off, ok);
+            for (int i = 0; i < BN / 4; i++) cp_async16_s(dst + ((i & 1) ? dB : dA) + 512u * i, src + i * 4 * kvw, true);
+        } else {
+#pragma unroll
+            for (int i = 0; i < BN / 4; i++) {
+                const bool ok = j * BN + key0 + 4 * i < kv_end;
+                cp_async16_s(dst + ((i & 1) ? dB : dA) + 512u * i, ok ? src + i * 4 * kvw : base, ok);
+            }
         }
         cp_async_commit();
     };
-#pragma unroll
-    for (int j = 0; j < NB - 1; j++) {
-        if (j < ntiles) issue_tile(j, j);
-        else cp_async_commit();
-    }
+    // The warpgroups take the key tiles in turn: wgi, wgi + 2, ... Each has its K and V tile and
+    // two commit groups in flight: K(j) and V(j), then V(j) and K(j + 2), then K(j + 2) and V(j + 2).
+    if (wgi < ntiles) issue(kbase, sK, wgi), issue(vbase, sV, wgi);
+    else cp_async_commit(), cp_async_commit();
 
     // Q tile: scaled into the log2 domain, split, into its swizzled places (rows past T: zero).
     {
@@ -126,6 +152,8 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
             if (QP == 2) *reinterpret_cast<uint4 *>(sm + TILE + sw(row, ch)) = lo;
         }
     }
+    wg_proxy_fence(); // the Q tile's stores, visible to wgmma
+    __syncthreads();
 
     const int g = lane >> 2, tq = lane & 3;
     const int lim0 = pos + q0 + warp * 16 + g, lim1 = lim0 + 8; // last key of rows g, g + 8
@@ -134,28 +162,30 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
 #pragma unroll
     for (int i = 0; i < 32; i++) o[0][i] = o[1][i] = o[2][i] = o[3][i] = s[i] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const int bar = 1 + wgi; // this warpgroup's named barrier
+    // the operands' descriptors (cuda_wgmma.cuh); a step's is the tile's plus its offset / 16
+    const uint64_t dQh = wg_desc_k(sQh), dQl = wg_desc_k(sQl), dK = wg_desc_k(sK), dV = wg_desc_mn(sV, 8192);
 
-    for (int j = 0; j < ntiles; j++) {
-        cp_async_wait<NB - 2>(); // this thread's chunks of tile j have landed
-        wg_proxy_fence();        // (and the Q tile's stores), visible to wgmma
-        __syncthreads();         // everyone's; every MMA of tile j - 1 is complete
-        if (j + NB - 1 < ntiles) issue_tile(j + NB - 1, (j + NB - 1) % NB); // into the buffers tile j - 1 left
-        else cp_async_commit();
-        const uint32_t kb = sK + (uint32_t)(j % NB) * TILE, vb = sV + (uint32_t)(j % NB) * TILE;
+    for (int j = wgi; j < ntiles; j += 2) {
+        cp_async_wait<1>(); // this thread's chunks of K(j) have landed (V(j) may not have)
+        wg_proxy_fence();
+        bar_sync(bar, 128); // the warpgroup's
 
         // ---- S = Q K^T (log2 domain): dim step kk is block kk / 4, 32 bytes per step inside it
         wg_pin(s);
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
-            const uint32_t ko = (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32);
-            const uint64_t dk = wg_desc_k(kb + ko);
-            if (QP == 2) wg_mma_64x64_ss(s, wg_desc_k(sQl + ko), dk, kk > 0);
-            wg_mma_64x64_ss(s, wg_desc_k(sQh + ko), dk, QP == 2 || kk > 0);
+            const uint32_t ko = (uint32_t)((kk >> 2) * 8192 + (kk & 3) * 32) >> 4; // in the descriptors' 16-byte units
+            if (QP == 2) wg_mma_64x64_ss(s, dQl + ko, dK + ko, kk > 0);
+            wg_mma_64x64_ss(s, dQh + ko, dK + ko, QP == 2 || kk > 0);
         }
         wg_commit();
         wg_wait<0>();
         wg_pin(s);
+        bar_sync(bar, 128); // every warp's S is complete: K(j + 2) may overwrite the tile
+        if (j + 2 < ntiles) issue(kbase, sK, j + 2);
+        else cp_async_commit();
 
         // ---- causal mask (only on tiles crossing the diagonal); s[4n + e]: key 8n + 2 tq + (e & 1)
         if (j * BN + BN - 1 > diag) {
@@ -181,16 +211,16 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
         const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        const float c0 = ex2(m0 - b0), c1 = ex2(m1 - b1);
         m0 = mx0;
         m1 = mx1;
         float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
         for (int n = 0; n < BN / 8; n++) {
-            s[4 * n] = exp2f(s[4 * n] - b0);
-            s[4 * n + 1] = exp2f(s[4 * n + 1] - b0);
-            s[4 * n + 2] = exp2f(s[4 * n + 2] - b1);
-            s[4 * n + 3] = exp2f(s[4 * n + 3] - b1);
+            s[4 * n] = ex2(s[4 * n] - b0);
+            s[4 * n + 1] = ex2(s[4 * n + 1] - b0);
+            s[4 * n + 2] = ex2(s[4 * n + 2] - b1);
+            s[4 * n + 3] = ex2(s[4 * n + 3] - b1);
             rs0 += s[4 * n] + s[4 * n + 1];
             rs1 += s[4 * n + 2] + s[4 * n + 3];
         }
@@ -215,6 +245,9 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
             split(s[8 * ks + 4], s[8 * ks + 5], ph[ks][2], pl[ks][2]);
             split(s[8 * ks + 6], s[8 * ks + 7], ph[ks][3], pl[ks][3]);
         }
+        cp_async_wait<1>(); // this thread's chunks of V(j) have landed (K(j + 2) may not have)
+        wg_proxy_fence();
+        bar_sync(bar, 128);
 #pragma unroll
         for (int b = 0; b < 4; b++) wg_pin(o[b]);
         wg_fence();
@@ -222,7 +255,7 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
         for (int ks = 0; ks < 4; ks++)
 #pragma unroll
             for (int b = 0; b < 4; b++) { // keys 16 ks .. (2 KB per step), dims 64 b .. (8 KB per block)
-                const uint64_t dv = wg_desc_mn(vb + (uint32_t)(ks * 2048 + b * 8192), 8192);
+                const uint64_t dv = dV + (uint32_t)(ks * 2048 + b * 8192) / 16;
                 if (QP == 2) wg_mma_64x64<1>(o[b], pl[ks], dv, 1);
                 wg_mma_64x64<1>(o[b], ph[ks], dv, 1);
             }
@@ -230,6 +263,36 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
         wg_wait<0>();
 #pragma unroll
         for (int b = 0; b < 4; b++) wg_pin(o[b]);
+        bar_sync(bar, 128); // every warp's P V is complete: V(j + 2) may overwrite the tile
+        if (j + 2 < ntiles) issue(vbase, sV, j + 2);
+        else cp_async_commit();
+    }
+
+    // ---- merge the warpgroups' partial results (as flash-decoding merges splits): warpgroup 1
+    // hands its O, maxima and partial sums to warpgroup 0 through the (now free) K/V tiles,
+    // thread lt to thread lt (the same rows and columns), element i of all threads contiguous.
+    cp_async_wait<0>(); // (only empty groups are left)
+    __syncthreads();
+    float *const xb = reinterpret_cast<float *>(sm + QP * TILE);
+    if (wgi == 1) {
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) xb[(32 * b + i) * 128 + lt] = o[b][i];
+        xb[128 * 128 + lt] = m0, xb[129 * 128 + lt] = m1, xb[130 * 128 + lt] = l0, xb[131 * 128 + lt] = l1;
+    }
+    __syncthreads();
+    if (wgi == 1) return;
+    {
+        const float n0 = xb[128 * 128 + lt], n1 = xb[129 * 128 + lt];
+        const float mm0 = fmaxf(m0, n0), mm1 = fmaxf(m1, n1); // finite: warpgroup 0 saw key 0
+        const float a0 = ex2(m0 - mm0), a1 = ex2(m1 - mm1), e0 = ex2(n0 - mm0), e1 = ex2(n1 - mm1);
+        l0 = l0 * a0 + xb[130 * 128 + lt] * e0;
+        l1 = l1 * a1 + xb[131 * 128 + lt] * e1;
+#pragma unroll
+        for (int i = 0; i < 32; i++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) o[b][i] = o[b][i] * ((i & 2) ? a1 : a0) + xb[(32 * b + i) * 128 + lt] * ((i & 2) ? e1 : e0);
     }
 
     // ---- normalise, gate, store

@@ -214,6 +214,14 @@ inline void cp_async4_s(uint32_t s, const void *gmem, bool valid) {
 }
 inline void cp_async_commit() {}
 template <int N> inline void cp_async_wait() {}
+namespace cuemu {
+inline barrier named_bar[16]; // bar_sync's, by id (each completes before its block ends)
+}
+inline void bar_sync(int id, int n) {
+    cuemu::barrier &b = cuemu::named_bar[id & 15];
+    if (b.count == 0) b.expected = (unsigned)n;
+    cuemu::arrive(b);
+}
 
 // ---------------------------------------------------------------- runtime
 

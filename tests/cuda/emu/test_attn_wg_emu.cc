@@ -2,7 +2,8 @@
 // k_attn_wg) run by the CUDA emulator on the CPU, against causal gated attention in double.
 // Checks the kernel's logic where CI has no GPU: the swizzled Q/K/V tiles and the two kinds of
 // descriptors that read them (K-major for Q and K, MN-major for V), the S accumulator reused as
-// P's A fragments, the causal mask and its diagonal tiles, the online softmax across tiles, GQA,
+// P's A fragments, the causal mask and its diagonal tiles, the online softmax across tiles, the two
+// warpgroups' turns over the key tiles and the merge of their partial results (also when one has none), GQA,
 // partial query tiles, and that nothing past the chunk's last key is read (those cache rows are
 // NaN) while every output is written (the output starts as NaN). tests/cuda/test_attn.cu checks
 // the same kernel on the device. Build (tests/run.sh does):
@@ -100,6 +101,7 @@ int main(void) {
         run_case(4, 2, 70, 30, qp); // a full and a partial query tile; diagonal tiles at an odd offset
         run_case(2, 2, 64, 0, qp);  // one full tile, no GQA, the diagonal at the tile edge
         run_case(2, 1, 5, 150, qp); // few queries after a long past: three key tiles, the last partial
+        run_case(2, 1, 20, 300, qp); // six key tiles: three turns of each warpgroup
     }
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
