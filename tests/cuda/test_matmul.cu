@@ -663,9 +663,10 @@ static void g4_attrs(void) {
     if (!have_wg) return;
     CK(cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()));
 }
-static void g4_launch(int v, const g4_job &j, int64_t T, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs) {
+static void g4_launch(int v, const g4_job &j, int64_t T, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs,
+                      const __nv_bfloat16 *xsw) {
     const dim3 g((unsigned)j.start[j.n], (unsigned)((T + G4_BN - 1) / G4_BN));
-    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh, xl, xs, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh, xl, xsw, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
     else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh, xl, xs, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
 }
 
@@ -682,9 +683,10 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f, int
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
     dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64));
     dbuf<int8_t> xq((size_t)(G4_NP * T * C)); // the pieces (read by the 4-bit GEMM)
+    dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(T, (int)(C / 64), 0)); // the group sums as k_gemm_wg reads them
     int8_t *xqp = xq.p;
-    if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
-    else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C);
+    if (xm == 1) k_split_x<1><<<(unsigned)T, 256>>>(dx.p, xw, C, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C, xsw.p);
+    else k_split_x<0><<<(unsigned)T, 256>>>(dx.p, xw, 0, C, xh.p, xl.p, xs.p, xqp, xsig.p, T * C, xsw.p);
     CKL();
     g4_job j;
     memset(&j, 0, sizeof j);
@@ -703,7 +705,7 @@ static void gemm_case(int64_t T, int n, qmat **ms, int xm, float amp = 0.0f, int
     }
     const dim3 g((unsigned)j.start[n], (unsigned)((T + G4_BN - 1) / G4_BN));
     if (ms[0]->bits == 8) k_gemm_q<8><<<g, 256, g4_smem<8>()>>>(j, xh.p, xl.p, xs.p, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
-    else g4_launch(v, j, T, xh.p, xl.p, xs.p);
+    else g4_launch(v, j, T, xh.p, xl.p, xs.p, xsw.p);
     CKL();
     for (int i = 0; i < n; i++) {
         const int64_t R = ms[i]->rows;
@@ -783,18 +785,19 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
     dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64)), dy((size_t)(S * R));
     dbuf<int8_t> xq((size_t)(G4_NP * T * C));
+    dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(T, (int)(C / 64), 0));
     dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
     dbuf<int2> dtiles(tl.size());
     doffs.put(offs);
     dsorted.put(sorted);
     dtiles.put(tl);
     dnt.put(&nt);
-    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C, xsw.p);
     CKL();
     dy.fill_bytes(0xFF); // NaN: every output must be written
     const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
-    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
     else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
     CKL();
     const std::vector<float> got = dy.get();
@@ -866,7 +869,8 @@ static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
     dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64)), dy((size_t)(T * R));
     dbuf<int8_t> xq((size_t)(G4_NP * T * C));
-    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C);
+    dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(T, (int)(C / 64), 0));
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C, xsw.p);
     CKL();
     const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     printf("  %-27s %5lld x %-5lld T=%-5lld", name, (long long)R, (long long)C, (long long)T);
@@ -876,7 +880,7 @@ static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
         CK(cudaEventCreate(&b));
         for (int it = 0; it < 23; it++) {
             if (it == 3) CK(cudaEventRecord(a));
-            g4_launch(v, j, T, xh.p, xl.p, xs.p);
+            g4_launch(v, j, T, xh.p, xl.p, xs.p, xsw.p);
         }
         CK(cudaEventRecord(b));
         CK(cudaEventSynchronize(b));

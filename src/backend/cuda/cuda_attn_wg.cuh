@@ -61,11 +61,7 @@ __device__ __forceinline__ float ex2(float x) {
 // (a, b) rounded to a bf16x2 (a in the low half), to nearest even.
 __device__ __forceinline__ uint32_t bf16x2_rn(float a, float b) {
 #ifdef LILAC_CUEMU // finite values only, as here
-    auto rn = [](float f) {
-        const uint32_t u = __float_as_uint(f);
-        return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-    };
-    return rn(a) | rn(b) << 16;
+    return wg_bf16_rn(a) | wg_bf16_rn(b) << 16;
 #else
     const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<const uint32_t *>(&h);

@@ -316,6 +316,7 @@ struct lilac_session {
     // a prefill GEMM's input split into bf16 hi/lo parts + f32 group sums (cuda_gemm.cuh)
     __nv_bfloat16 *xh, *xl;
     float *xsum;
+    __nv_bfloat16 *xsw;       // the group sums as k_gemm_wg reads them (k_split_x, wg_xsw_win; gemm_wg only)
     int8_t *xq;        // k_gemm_q<4>'s input as int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
                        // (both null with gemm_wg: k_split_x then writes no pieces)
     float *xsig;
@@ -739,6 +740,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         s->xq_plane = C * w;
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
+             (!s->gemm_wg || dalloc(s, &s->xsw, (size_t)wg_xsw_win(C, (int)(w / 64), 0), err) == 0) &&
              (s->gemm_wg || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
                              dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
@@ -831,8 +833,10 @@ static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, 
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
     if (xm == XM_SWIGLU)
-        pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane);
-    else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane);
+        pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane,
+                   s->xsw);
+    else pdl_launch(s, k_split_x<0>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane,
+                    s->xsw);
     CKL();
     return 0;
 }
@@ -864,7 +868,7 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
         pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
     else if (s->gemm_wg)
-        pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
+        pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, (const __nv_bfloat16 *)s->xsw, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
     else
         pdl_launch(s, k_gemm_q<4>, g, 256, g4_smem<4>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,

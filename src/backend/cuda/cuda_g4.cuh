@@ -25,6 +25,11 @@ struct g4_job {
     int64_t xq_plane;   // bytes from one piece's plane to the next
 };
 
+// k_gemm_wg's group sums (k_split_x writes them): per input row, windows of 16 groups of 48 bf16,
+// the sum of group 16 w + k as three pieces (hi, mid, lo: 2^-24) at k, 16 + k and 32 + k. Where
+// window w of row r starts, in a matrix of ng groups:
+__host__ __device__ inline int64_t wg_xsw_win(int64_t r, int ng, int w) { return (r * ((ng + 15) / 16) + w) * 48; }
+
 // The two codes at bits 0-3 and 16-19 of w as an exact bf16x2: (128 + q) - 128, the first step one lop3.
 __device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
 #ifdef LILAC_CUEMU // the same bits: q exact in bf16 (its top 16 bits as f32)

@@ -111,13 +111,18 @@ __device__ __forceinline__ uint32_t byte2_bf16(uint32_t w, int h) {
 // Row r of the input is x + r*ldx (XM_SWIGLU: silu(x[c]) * x[xoff + c]); output
 // row r of xh/xl has `cols` entries, xs has cols/64. Grid: rows; block 256.
 // xq non-null: also the int8 pieces of each group (the 4-bit GEMM's input), at g4_qpos, and sigma.
+// xsw non-null: also the group sums as k_gemm_wg's bias product reads them (wg_xsw_pos: windows of
+// 16 groups, three bf16 pieces each, the empty slots of a partial last window zero).
 template <int XM>
 __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, int64_t xoff, int64_t cols,
                                                  __nv_bfloat16 *xh, __nv_bfloat16 *xl, float *xs, int8_t *xq = nullptr,
-                                                 float *xsig = nullptr, int64_t xq_plane = 0) {
+                                                 float *xsig = nullptr, int64_t xq_plane = 0, __nv_bfloat16 *xsw = nullptr) {
     pdl_wait();
     const int64_t r = blockIdx.x;
     const float *xr = x + r * ldx;
+    const int ng = (int)(cols / 64);
+    if (xsw && (ng & 15) && threadIdx.x < 48 && (int)(threadIdx.x & 15) >= (ng & 15)) // a partial last window's empty slots
+        xsw[wg_xsw_win(r, ng, (ng - 1) / 16) + threadIdx.x] = __float2bfloat16(0.0f);
     // every thread runs every round (the group sum is a 16-lane shuffle); cols % 64 == 0
     for (int64_t c0 = 0; c0 < cols; c0 += (int64_t)blockDim.x * 4) {
         const int64_t c = c0 + (int64_t)threadIdx.x * 4;
@@ -146,7 +151,17 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
         float s = (e[0] + e[1]) + (e[2] + e[3]);
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (in && (threadIdx.x & 15) == 0) xs[r * (cols / 64) + c / 64] = s;
+        if (in && (threadIdx.x & 15) == 0) {
+            xs[r * (cols / 64) + c / 64] = s;
+            if (xsw) { // s = hi + mid + lo, 2^-24
+                const int G = (int)(c / 64);
+                const int64_t at = wg_xsw_win(r, ng, G / 16) + G % 16;
+                const __nv_bfloat16 h = __float2bfloat16(s), m = __float2bfloat16(s - __bfloat162float(h));
+                xsw[at] = h;
+                xsw[at + 16] = m;
+                xsw[at + 32] = __float2bfloat16(s - __bfloat162float(h) - __bfloat162float(m));
+            }
+        }
         if (xq) { // the pieces: x = sigma (a + b/128 + c/16384), sigma = max|x| / 127 over the group
             float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
 #pragma unroll

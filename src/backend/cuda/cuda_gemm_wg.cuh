@@ -10,7 +10,11 @@
 //   y[n][m] = sum_G ( s[m][G] * sum_{k in G} q[m][k] (xh[n][k] + xl[n][k]) + b[m][G] * xs[n][G] )
 // the codes q (0..15) exact in bf16, the input as two bf16 parts (xh + xl, ~16
 // significant bits: k_split_x, as the 8-bit path), f32 accumulation; per group the
-// product is scaled and the bias term added in f32 (two FMAs per output and group).
+// product is scaled in f32 (one FMA per output and group). The bias term is a product of
+// its own, on the tensor cores once per 16 groups: b (exact in bf16) against the group
+// sums xs in three bf16 pieces (2^-24). Until run 100 it was a second FMA per output and
+// group; moving it cut the loop from ~208 to ~175 instructions per group and warp and
+// made the kernel 1.09-1.15x faster (docs/perf.md).
 //
 // Tiles as k_gemm_q's (so the same grids and expert tile map, g4_tile): 128 weight rows x 64
 // tokens, one 64-column group per pipeline stage, two blocks per SM. Two warpgroups
@@ -38,18 +42,20 @@
 
 // Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
 // two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
-// 128 rows' scale/bias pairs, the 64 input rows' group sums.
+// 128 rows' scale/bias pairs. Then XB: two windows of the bias product's B operand (64 tokens x
+// 128 B, swizzled: a row of k_split_x's xsw window, 96 B, wg_xsw_win).
 struct wg_lay {
     static const int S = 4; // stages
-    static const int XH = 0, XL = G4_BN * 128, Q = 2 * G4_BN * 128, SB = Q + 8 * 512, XS = SB + G4_BM * 4;
-    static const int SIZE = (XS + G4_BN * 4 + 1023) / 1024 * 1024;
+    static const int XH = 0, XL = G4_BN * 128, Q = 2 * G4_BN * 128, SB = Q + 8 * 512;
+    static const int SIZE = (SB + G4_BM * 4 + 1023) / 1024 * 1024;
+    static const int XB = S * SIZE, XB_W = G4_BN * 128; // XB and one window's bytes
 };
-constexpr size_t wg_smem() { return (size_t)wg_lay::SIZE * wg_lay::S + 1024; } // + alignment slack
+constexpr size_t wg_smem() { return (size_t)wg_lay::XB + 2 * wg_lay::XB_W + 1024; } // + alignment slack
 
 // The 4-bit GEMM: arguments and modes (plain / grouped over the expert tile map) as k_gemm_q<4>,
-// reading the input's bf16 parts xh/xl and group sums xs (k_split_x).
+// reading the input's bf16 parts xh/xl and group sums xsw (k_split_x).
 __global__ void __launch_bounds__(256, 2)
-    k_gemm_wg(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs, int T, const int *offs,
+    k_gemm_wg(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const __nv_bfloat16 *xsw, int T, const int *offs,
               const int *sorted, const int2 *tiles, const int *n_tiles, int x_div) {
 #if WG_ON
     using C = wg_lay;
@@ -72,21 +78,19 @@ __global__ void __launch_bounds__(256, 2)
     // This thread's copies of a stage, from sources that advance by a group per stage (absent rows:
     // a valid address, never advanced, zero-filled): a 16-byte chunk of codes (row block `warp`);
     // XC chunks of each input part (token ln, chunks lc ..; to their swizzled places); tid < 32:
-    // 4 rows' scale/bias pairs; tid < BN: token tid's group sum.
+    // 4 rows' scale/bias pairs.
     constexpr int XC = BN * 8 / 256;
     const int ln = (tid * XC) >> 3, lc = (tid * XC) & 7;
     const int xr_l = xrow[ln];
     const bool q_ok = m0 / 16 + warp < W.pk_rb, x_ok = xr_l >= 0;
     const bool sb_on = tid < 32, sb_ok = sb_on && m0 / 16 + (tid >> 2) < W.pk_rb;
-    const int xs_r = tid < BN ? xrow[tid] : -1;
     const uint4 *q_p = W.pk + (q_ok ? (m0 / 16 + warp) * ng * 32 + lane : 0);
     const __nv_bfloat16 *xh_p = xh + (x_ok ? (int64_t)xr_l * K + lc * 8 : 0), *xl_p = xl + (xh_p - xh);
     const uint32_t *sb_p = W.psb + (sb_ok ? (m0 / 16 + (tid >> 2)) * ng * 16 + (tid & 3) * 4 : 0);
-    const float *xs_p = xs + (xs_r >= 0 ? (int64_t)xs_r * ng : 0);
     uint32_t x_dst[XC];
 #pragma unroll
     for (int h = 0; h < XC; h++) x_dst[h] = (uint32_t)(ln * 128 + (((lc + h) ^ (ln & 7)) << 4));
-    const uint32_t q_dst = C::Q + 16 * tid, sb_dst = C::SB + 16 * tid, xs_dst = C::XS + 4 * tid;
+    const uint32_t q_dst = C::Q + 16 * tid, sb_dst = C::SB + 16 * tid;
     auto load_stage = [&](int sidx) { // stages load in order, a group after the other
         const uint32_t sa = sm_a + (uint32_t)(sidx * C::SIZE);
         cp_async16_s(sa + q_dst, q_p, q_ok);
@@ -96,19 +100,57 @@ __global__ void __launch_bounds__(256, 2)
             cp_async16_s(sa + C::XL + x_dst[h], xl_p + 8 * h, x_ok);
         }
         if (sb_on) cp_async16_s(sa + sb_dst, sb_p, sb_ok);
-        if (tid < BN)
-            cp_async4_s(sa + xs_dst, xs_p, xs_r >= 0);
         if (q_ok) q_p += 32;
         if (x_ok) xh_p += 64, xl_p += 64;
         if (sb_ok) sb_p += 16;
-        if (xs_r >= 0) xs_p += 1;
+    };
+    // Window w's group sums into XB buffer w & 1: 64 tokens x 6 chunks (hi, mid, lo: 16 groups
+    // each); chunks tid and tid + 256 (< 384) of this thread (token i / 6, chunk i % 6).
+    const int xb_n0 = tid / 6, xb_c0 = tid % 6, xb_n1 = (tid + 256) / 6, xb_c1 = (tid + 256) % 6;
+    auto load_xb = [&](int w) {
+        const uint32_t sa = sm_a + (uint32_t)(C::XB + (w & 1) * C::XB_W);
+        const int r0 = xrow[xb_n0];
+        cp_async16_s(sa + xb_n0 * 128 + ((xb_c0 ^ (xb_n0 & 7)) << 4), xsw + (r0 >= 0 ? wg_xsw_win(r0, nk, w) + 8 * xb_c0 : 0),
+                     r0 >= 0);
+        if (tid < 128) {
+            const int r1 = xrow[xb_n1];
+            cp_async16_s(sa + xb_n1 * 128 + ((xb_c1 ^ (xb_n1 & 7)) << 4),
+                         xsw + (r1 >= 0 ? wg_xsw_win(r1, nk, w) + 8 * xb_c1 : 0), r1 >= 0);
+        }
     };
 
     float acc[32], p[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = 0.0f, p[i] = 0.0f;
+    // The bias term sum_G b[m][G] xs[n][G] is a product too, run on the tensor cores once per 16
+    // groups (a window) instead of an FMA per output and group in the fold. A = the window's b
+    // values (bf16, exact) in this thread's A fragment map: rows g, g + 8 of the warp's 16, groups
+    // 2t, 2t + 1, 2t + 8, 2t + 9 of the window, loaded from the scale/bias pairs (their high halves)
+    // a window ahead (bw) and paired into ab when the product is issued. B = the window's group
+    // sums as three bf16 pieces (2^-24, an f32's precision) from k_split_x, copied into XB as the
+    // window starts (a partial last window's empty slots are zero there).
+    uint32_t ab[4], bw[8];
+    const uint32_t *const bsrc = q_ok ? W.psb + (m0 / 16 + warp) * ng * 16 + g : nullptr;
+    auto load_b = [&](int w) { // bw[2r + h]: register r's half h
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int r = i >> 1, G = 16 * w + 2 * t + (i & 1) + 8 * (r >> 1);
+            bw[i] = bsrc && G < nk ? bsrc[G * 16 + 8 * (r & 1)] : 0u;
+        }
+    };
+    const uint64_t dxb = wg_desc_k(sm_a + C::XB);
+    auto make_ab = [&]() { // (before the wgmma fence: ab is an MMA's register operand)
+#pragma unroll
+        for (int r = 0; r < 4; r++) ab[r] = bw[2 * r] >> 16 | (bw[2 * r + 1] & 0xFFFF0000u);
+    };
+    auto mma_bias = [&](int w) { // acc += b (64 x 16) x XB window w; the small pieces first
+#pragma unroll
+        for (int pc = 2; pc >= 0; pc--) wg_mma_64x64(acc, ab, dxb + (uint32_t)((w & 1) * C::XB_W + 32 * pc) / 16, 1);
+    };
+    load_b(0);
 
-    // issue group kt's eight MMAs into p (A: the codes, unpacked; B: the stage's two parts)
+    // issue group kt's eight MMAs into p (A: the codes, unpacked; B: the stage's two parts), and at
+    // a window's end (kt a multiple of 16) the previous window's bias product into acc
     auto mma_group = [&](int kt) {
         const int sidx = kt % wg_lay::S;
         const uint4 w = *(const uint4 *)(sm + sidx * C::SIZE + C::Q + 16 * (warp * 32 + lane));
@@ -120,31 +162,36 @@ __global__ void __launch_bounds__(256, 2)
             for (int j = 0; j < 4; j++) a[ks][j] = pk_frag2(wk[ks] >> (4 * j));
         // the parts' descriptors (K-major, cuda_wgmma.cuh); k-step ks 32 bytes further
         const uint64_t dh = wg_desc_k(sm_a + (uint32_t)(sidx * C::SIZE + C::XH)), dl = dh + (C::XL - C::XH) / 16;
+        const bool bias = kt > 0 && (kt & 15) == 0;
+        if (bias) make_ab();
         wg_pin(p);
+        wg_pin(acc);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
             wg_mma_64x64(p, a[ks], dl + 2 * ks, ks > 0);
             wg_mma_64x64(p, a[ks], dh + 2 * ks, 1);
         }
+        if (bias) {
+            mma_bias((kt >> 4) - 1);
+            load_b(kt >> 4);
+        }
         wg_commit();
     };
-    // fold group kt: acc += s p + b xs; p[4j + c]: row g + 8 (c >> 1), token 8j + 2t + (c & 1)
+    // fold group kt: acc += s p; p[4j + c]: row g + 8 (c >> 1), token 8j + 2t + (c & 1)
     auto fold = [&](int kt) {
         const unsigned char *S = sm + (kt % wg_lay::S) * C::SIZE;
         const uint32_t u0 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g)),
                        u1 = *(const uint32_t *)(S + C::SB + 4 * (16 * warp + g + 8));
-        const float s0 = __uint_as_float(u0 << 16), b0 = __uint_as_float(u0 & 0xFFFF0000u),
-                    s1 = __uint_as_float(u1 << 16), b1 = __uint_as_float(u1 & 0xFFFF0000u);
-        const float *xsv = (const float *)(S + C::XS);
+        const float s0 = __uint_as_float(u0 << 16), s1 = __uint_as_float(u1 << 16); // (the scales: low halves)
         wg_pin(p);
+        wg_pin(acc);
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
-            const float2 xx = *(const float2 *)&xsv[8 * j + 2 * t];
-            acc[4 * j + 0] = fmaf(s0, p[4 * j + 0], fmaf(b0, xx.x, acc[4 * j + 0]));
-            acc[4 * j + 1] = fmaf(s0, p[4 * j + 1], fmaf(b0, xx.y, acc[4 * j + 1]));
-            acc[4 * j + 2] = fmaf(s1, p[4 * j + 2], fmaf(b1, xx.x, acc[4 * j + 2]));
-            acc[4 * j + 3] = fmaf(s1, p[4 * j + 3], fmaf(b1, xx.y, acc[4 * j + 3]));
+            acc[4 * j + 0] = fmaf(s0, p[4 * j + 0], acc[4 * j + 0]);
+            acc[4 * j + 1] = fmaf(s0, p[4 * j + 1], acc[4 * j + 1]);
+            acc[4 * j + 2] = fmaf(s1, p[4 * j + 2], acc[4 * j + 2]);
+            acc[4 * j + 3] = fmaf(s1, p[4 * j + 3], acc[4 * j + 3]);
         }
     };
     // The copies run S - 1 groups ahead: group kt + S - 1 goes to the stage group kt - 1 left, whose
@@ -152,6 +199,7 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
     for (int s = 0; s < wg_lay::S - 1; s++) {
         if (s < nk) load_stage(s);
+        if (s == 0) load_xb(0);
         cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
@@ -159,12 +207,23 @@ __global__ void __launch_bounds__(256, 2)
         wg_proxy_fence(); // the copies, visible to wgmma
         __syncthreads();
         if (kt + wg_lay::S - 1 < nk) load_stage((kt + wg_lay::S - 1) % wg_lay::S);
+        if (kt > 0 && (kt & 15) == 0) load_xb(kt >> 4); // (its buffer's last reader, window w - 2's product, is done)
         cp_async_commit();
         mma_group(kt);
         wg_wait<0>();
         fold(kt);
     }
+    // the last window's bias product
     cp_async_wait<0>();
+    wg_proxy_fence();
+    __syncthreads();
+    make_ab();
+    wg_pin(acc);
+    wg_fence();
+    mma_bias((nk - 1) >> 4);
+    wg_commit();
+    wg_wait<0>();
+    wg_pin(acc);
 #pragma unroll
     for (int j = 0; j < BN / 8; j++)
 #pragma unroll
@@ -174,7 +233,7 @@ __global__ void __launch_bounds__(256, 2)
             if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c];
         }
 #else
-    (void)job, (void)xh, (void)xl, (void)xs, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
+    (void)job, (void)xh, (void)xl, (void)xsw, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
 #ifdef __CUDA_ARCH__
     __trap(); // not the sm_90a image: the host never launches this (k_wg_probe)
 #endif

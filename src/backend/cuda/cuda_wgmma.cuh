@@ -62,6 +62,16 @@ template <int N> __device__ __forceinline__ void wg_pin(float (&r)[N]) {
 // switch (a compute capability of 9.0 alone does not say which image runs, e.g. under PTX JIT).
 __global__ void k_wg_probe(int *on) { *on = WG_ON; }
 
+// The bits of bf16(f), rounded to nearest even (finite f).
+__device__ __forceinline__ uint32_t wg_bf16_rn(float f) {
+#ifdef LILAC_CUEMU
+    const uint32_t u = __float_as_uint(f);
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+#else
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
+}
+
 // Descriptors of a swizzled operand whose first element is at shared address a (bit 62: the
 // 128-byte swizzle; addresses, LBO and SBO in 16-byte units).
 __device__ __forceinline__ uint64_t wg_desc_k(uint32_t a) { // K-major: SBO 1,024, LBO unused (1)

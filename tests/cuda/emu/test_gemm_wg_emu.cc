@@ -2,7 +2,9 @@
 // k_gemm_wg) run by the CUDA emulator on the CPU, against the dequantised product in double.
 // Checks the kernel's logic where CI has no GPU: the packed codes' unpacking into A
 // fragments, the input parts' swizzled placement and the descriptors that read them back,
-// the stage pipeline, partial tiles, the fold, the expert tile map (grouped mode).
+// the stage pipeline, partial tiles, the fold, the bias product's windows (its A operand gathered
+// from the scale/bias pairs, its B operand the group sums in three pieces), the expert tile map
+// (grouped mode).
 // tests/cuda/test_matmul.cu checks the same kernel on the device. The weights are packed
 // here from cuda_packed.cuh's description of the layout (a second implementation of
 // k_repack4's map), the input split as k_split_x does. Build (tests/run.sh does):
@@ -98,10 +100,11 @@ static qw *make_qw(int E, int64_t R, int64_t K) {
     return m;
 }
 
-// T input rows of K, split as k_split_x does: xh = bf16(x), xl = bf16(x - xh), f32 sums per group.
+// T input rows of K, split as k_split_x does: xh = bf16(x), xl = bf16(x - xh), f32 sums per group
+// in three bf16 pieces by windows of 16 groups (xsw, cuda_g4.cuh: wg_xsw_win).
 struct xin {
     std::vector<float> x, xs;
-    std::vector<__nv_bfloat16> xh, xl;
+    std::vector<__nv_bfloat16> xh, xl, xsw;
 };
 static xin make_x(int64_t T, int64_t K, float amp) {
     xin v;
@@ -117,6 +120,15 @@ static xin make_x(int64_t T, int64_t K, float amp) {
         v.xl[i].x = bf16_rne(v.x[i] - bf16_f(h));
         v.xs[i / 64] += v.x[i];
     }
+    const int ng = (int)(K / 64);
+    v.xsw.assign((size_t)wg_xsw_win(T, ng, 0), __nv_bfloat16{0}); // (the empty slots: zero)
+    for (int64_t t = 0; t < T; t++)
+        for (int G = 0; G < ng; G++) {
+            const float s = v.xs[(size_t)(t * ng + G)];
+            const uint16_t h = bf16_rne(s), m = bf16_rne(s - bf16_f(h)), l = bf16_rne(s - bf16_f(h) - bf16_f(m));
+            const int64_t at = wg_xsw_win(t, ng, G / 16) + G % 16;
+            v.xsw[(size_t)at].x = h, v.xsw[(size_t)(at + 16)].x = m, v.xsw[(size_t)(at + 32)].x = l;
+        }
     return v;
 }
 
@@ -137,7 +149,7 @@ static void run_case(const char *what, qw *m, const xin &x, int64_t T, int S, co
     j.start[1] = (int)((R + G4_BM - 1) / G4_BM);
     const int nt = (int)tl.size();
     const __nv_bfloat16 *xh = x.xh.data(), *xl = x.xl.data();
-    const float *xs = x.xs.data();
+    const __nv_bfloat16 *xs = x.xsw.data();
     int Ti = (int)T;
     const int *n_tiles = &nt;
     const int2 *tiles = tl.empty() ? nullptr : tl.data();
@@ -208,6 +220,8 @@ int main(void) {
     plain(40, 128, 7, 1.0f);     // one partial row tile; two groups (fewer than the stages loaded ahead)
     plain(128, 384, 64, 1e5f);   // rows of very different size; six groups (every stage reused)
     grouped(3, 144, 192, 70, 2); // 140 slots over 3 experts: full and partial tiles
+    plain(136, 1152, 40, 1.0f);  // 18 groups: the bias product's full window of 16 and a partial one
+    plain(128, 2048, 64, 1e5f);  // 32 groups: two full windows (both XB buffers)
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }
