@@ -251,51 +251,15 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
                 fa::mma2<QP>(sa[kk % SP][2 * np + 1], qh, ql, kf[2], kf[3]);
             }
         }
-        float s[BN / 8][4];
+        float s[BN / 2]; // s[4n + e]: the m16n8 accumulator n, element e
 #pragma unroll
         for (int n = 0; n < BN / 8; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = SP == 2 ? sa[0][n][e] + sa[SP - 1][n][e] : sa[0][n][e];
+            for (int e = 0; e < 4; e++) s[4 * n + e] = SP == 2 ? sa[0][n][e] + sa[SP - 1][n][e] : sa[0][n][e];
 
-        // ---- causal mask (only on tiles crossing the diagonal)
-        if (j * BN + BN - 1 > diag) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = j * BN + n * 8 + 2 * tq + e;
-                    if (key > lim0) s[n][e] = -INFINITY;
-                    if (key > lim1) s[n][2 + e] = -INFINITY;
-                }
-        }
-
-        // ---- online softmax (rows g and g + 8 of the warp; a quad holds a row)
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        m0 = mx0;
-        m1 = mx1;
-        float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-            s[n][0] = exp2f(s[n][0] - b0);
-            s[n][1] = exp2f(s[n][1] - b0);
-            s[n][2] = exp2f(s[n][2] - b1);
-            s[n][3] = exp2f(s[n][3] - b1);
-            rs0 += s[n][0] + s[n][1];
-            rs1 += s[n][2] + s[n][3];
-        }
-        l0 = l0 * c0 + rs0; // per-thread partial row sums; the quad is summed at the end
-        l1 = l1 * c1 + rs1;
+        // ---- causal mask (only on tiles crossing the diagonal), online softmax
+        float c0, c1;
+        fa::tile_softmax(s, j * BN, tq, lim0, lim1, j * BN + BN - 1 > diag, m0, m1, l0, l1, c0, c1);
 #pragma unroll
         for (int n = 0; n < HD / 8; n++) {
             o[n][0] *= c0;
@@ -308,10 +272,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
             uint32_t ph[4], pl[4];
-            fa::split2(s[2 * ks][0], s[2 * ks][1], ph[0], pl[0]);
-            fa::split2(s[2 * ks][2], s[2 * ks][3], ph[1], pl[1]);
-            fa::split2(s[2 * ks + 1][0], s[2 * ks + 1][1], ph[2], pl[2]);
-            fa::split2(s[2 * ks + 1][2], s[2 * ks + 1][3], ph[3], pl[3]);
+            fa::split2(s[8 * ks], s[8 * ks + 1], ph[0], pl[0]);
+            fa::split2(s[8 * ks + 2], s[8 * ks + 3], ph[1], pl[1]);
+            fa::split2(s[8 * ks + 4], s[8 * ks + 5], ph[2], pl[2]);
+            fa::split2(s[8 * ks + 6], s[8 * ks + 7], ph[3], pl[3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t vf[4];
@@ -323,27 +287,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     }
 
     // ---- normalise, gate, store
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int t = q0 + wr + g + half * 8;
-        if (t >= T) continue;
-        const float inv = 1.0f / (half ? l1 : l0);
-        const float *gate = qg + ((int64_t)t * nh + h) * 2 * HD + HD;
-        float *dst = out + ((int64_t)t * nh + h) * HD;
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            const int d = n * 8 + 2 * tq;
-            const float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 r;
-            r.x = o[n][2 * half] * inv / (1.0f + expf(-gv.x));
-            r.y = o[n][2 * half + 1] * inv / (1.0f + expf(-gv.y));
-            *reinterpret_cast<float2 *>(dst + d) = r;
-        }
-    }
+    fa::store_gated<HD>(reinterpret_cast<const float(&)[HD / 2]>(o), l0, l1, qg, out, q0 + wr, T, nh, h, g, tq);
 }
 
 // The opt-in above 48 KB of dynamic shared memory for kernel k, once per device (bit d of done).

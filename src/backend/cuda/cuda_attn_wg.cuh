@@ -74,6 +74,83 @@ __device__ __forceinline__ void split(float a, float b, uint32_t &hi, uint32_t &
 }
 } // namespace attn_wg
 
+namespace lilac_fa {
+// One key tile's causal mask and online softmax, shared by both prefill attention kernels. s[4n + e]:
+// the score (log2 domain) of key k0 + 8n + 2 tq + (e & 1) for row g + 8 (e >> 1) of the warp (a quad
+// holds a row: the m16n8 accumulator map); keys past lim0 / lim1 (rows g / g + 8) are masked when
+// `mask` (the tile crosses the diagonal). On return s holds the unnormalised probabilities, m the
+// running maxima, l this thread's partial row sums, and c the factors the running output is scaled by.
+template <int N>
+__device__ __forceinline__ void tile_softmax(float (&s)[N], int k0, int tq, int lim0, int lim1, bool mask, float &m0,
+                                             float &m1, float &l0, float &l1, float &c0, float &c1) {
+    if (mask) {
+#pragma unroll
+        for (int n = 0; n < N / 4; n++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + n * 8 + 2 * tq + e;
+                if (key > lim0) s[4 * n + e] = -INFINITY;
+                if (key > lim1) s[4 * n + 2 + e] = -INFINITY;
+            }
+    }
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int n = 0; n < N / 4; n++) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+    c0 = attn_wg::ex2(m0 - b0);
+    c1 = attn_wg::ex2(m1 - b1);
+    m0 = mx0;
+    m1 = mx1;
+    float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+    for (int n = 0; n < N / 4; n++) {
+        s[4 * n] = attn_wg::ex2(s[4 * n] - b0);
+        s[4 * n + 1] = attn_wg::ex2(s[4 * n + 1] - b0);
+        s[4 * n + 2] = attn_wg::ex2(s[4 * n + 2] - b1);
+        s[4 * n + 3] = attn_wg::ex2(s[4 * n + 3] - b1);
+        rs0 += s[4 * n] + s[4 * n + 1];
+        rs1 += s[4 * n + 2] + s[4 * n + 3];
+    }
+    l0 = l0 * c0 + rs0; // per-thread partial row sums; the quad is summed at the end
+    l1 = l1 * c1 + rs1;
+}
+// The end of both kernels: a warp's 16 query rows of O (o[4n + e]: the m16n8 accumulator map, HD / 8
+// accumulators), divided by the row sums (this thread's partial l, summed over the quad here), times
+// sigmoid(gate), stored for tokens q0 + row < T of head h.
+template <int HD>
+__device__ __forceinline__ void store_gated(const float (&o)[HD / 2], float l0, float l1, const float *qg, float *out, int q0,
+                                            int T, int nh, int h, int g, int tq) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = q0 + g + half * 8;
+        if (t >= T) continue;
+        const float inv = 1.0f / (half ? l1 : l0);
+        const float *gate = qg + ((int64_t)t * nh + h) * 2 * HD + HD;
+        float *dst = out + ((int64_t)t * nh + h) * HD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const int d = n * 8 + 2 * tq;
+            const float2 gv = *reinterpret_cast<const float2 *>(gate + d);
+            float2 r;
+            r.x = o[4 * n + 2 * half] * inv / (1.0f + expf(-gv.x));
+            r.y = o[4 * n + 2 * half + 1] * inv / (1.0f + expf(-gv.y));
+            *reinterpret_cast<float2 *>(dst + d) = r;
+        }
+    }
+}
+} // namespace lilac_fa
+
 // Grid: ceil(T / 64) * nh blocks (heaviest query tiles first), 256 threads (two warpgroups),
 // attn_wg::smem(QP) bytes of dynamic shared memory. hd 256.
 template <int QP>
@@ -183,45 +260,9 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
         if (j + 2 < ntiles) issue(kbase, sK, j + 2);
         else cp_async_commit();
 
-        // ---- causal mask (only on tiles crossing the diagonal); s[4n + e]: key 8n + 2 tq + (e & 1)
-        if (j * BN + BN - 1 > diag) {
-#pragma unroll
-            for (int n = 0; n < BN / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int key = j * BN + n * 8 + 2 * tq + e;
-                    if (key > lim0) s[4 * n + e] = -INFINITY;
-                    if (key > lim1) s[4 * n + 2 + e] = -INFINITY;
-                }
-        }
-
-        // ---- online softmax (rows g and g + 8 of the warp; a quad holds a row)
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float c0 = ex2(m0 - b0), c1 = ex2(m1 - b1);
-        m0 = mx0;
-        m1 = mx1;
-        float rs0 = 0.0f, rs1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BN / 8; n++) {
-            s[4 * n] = ex2(s[4 * n] - b0);
-            s[4 * n + 1] = ex2(s[4 * n + 1] - b0);
-            s[4 * n + 2] = ex2(s[4 * n + 2] - b1);
-            s[4 * n + 3] = ex2(s[4 * n + 3] - b1);
-            rs0 += s[4 * n] + s[4 * n + 1];
-            rs1 += s[4 * n + 2] + s[4 * n + 3];
-        }
-        l0 = l0 * c0 + rs0; // per-thread partial row sums; the quad is summed at the end
-        l1 = l1 * c1 + rs1;
+        // ---- causal mask (only on tiles crossing the diagonal), online softmax
+        float c0, c1;
+        lilac_fa::tile_softmax(s, j * BN, tq, lim0, lim1, j * BN + BN - 1 > diag, m0, m1, l0, l1, c0, c1);
 #pragma unroll
         for (int b = 0; b < 4; b++)
 #pragma unroll
@@ -291,28 +332,8 @@ __global__ void __launch_bounds__(attn_wg::NT, 1)
             for (int b = 0; b < 4; b++) o[b][i] = o[b][i] * ((i & 2) ? a1 : a0) + xb[(32 * b + i) * 128 + lt] * ((i & 2) ? e1 : e0);
     }
 
-    // ---- normalise, gate, store
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int t = q0 + warp * 16 + g + half * 8;
-        if (t >= T) continue;
-        const float inv = 1.0f / (half ? l1 : l0);
-        const float *gate = qg + ((int64_t)t * nh + h) * 2 * HD + HD;
-        float *dst = out + ((int64_t)t * nh + h) * HD;
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) {
-            const int d = n * 8 + 2 * tq;
-            const float2 gv = *reinterpret_cast<const float2 *>(gate + d);
-            float2 r;
-            r.x = o[n >> 3][4 * (n & 7) + 2 * half] * inv / (1.0f + expf(-gv.x));
-            r.y = o[n >> 3][4 * (n & 7) + 2 * half + 1] * inv / (1.0f + expf(-gv.y));
-            *reinterpret_cast<float2 *>(dst + d) = r;
-        }
-    }
+    // ---- normalise, gate, store (o's blocks of 64 dims in order are the m16n8 accumulators in order)
+    lilac_fa::store_gated<HD>(reinterpret_cast<const float(&)[HD / 2]>(o), l0, l1, qg, out, q0 + warp * 16, T, nh, h, g, tq);
 #else
     (void)qg, (void)kc, (void)vc, (void)d_pos, (void)T, (void)nh, (void)nkv, (void)out;
 #ifdef __CUDA_ARCH__
