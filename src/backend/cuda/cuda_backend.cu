@@ -317,6 +317,7 @@ struct lilac_session {
     __nv_bfloat16 *xh, *xl;
     float *xsum;
     __nv_bfloat16 *xsw;       // the group sums as k_gemm_wg reads them (k_split_x, wg_xsw_win; gemm_wg only)
+    int64_t xsw_n;            // its size in elements (split_x checks each split fits)
     int8_t *xq;        // k_gemm_q<4>'s input as int8 pieces (G4_NP planes of xq_plane bytes), and sigma per group
                        // (both null with gemm_wg: k_split_x then writes no pieces)
     float *xsig;
@@ -738,9 +739,12 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
         w = std::max(w, K * c->moe_inter);
         s->xq_plane = C * w;
+        // k_gemm_wg's group sums take whole 16-group windows per row: the routed experts' down
+        // projection (C*K rows of moe_inter) needs more than the widest row does.
+        s->xsw_n = std::max(wg_xsw_win(C, (int)(w / 64), 0), wg_xsw_win(C * K, (int)(c->moe_inter / 64), 0));
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
-             (!s->gemm_wg || dalloc(s, &s->xsw, (size_t)wg_xsw_win(C, (int)(w / 64), 0), err) == 0) &&
+             (!s->gemm_wg || dalloc(s, &s->xsw, (size_t)s->xsw_n, err) == 0) &&
              (s->gemm_wg || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
                              dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
@@ -832,6 +836,10 @@ static gemv_job job_of(int n, const dmat *W, float *const *y, const int64_t *ldy
 static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, int xm, int64_t rows, int64_t cols,
                    lilac_err *err) {
     s->xn_split = false; // xh/xl now hold this input (input_mats marks when it is s->xn's rows)
+    if (rows * cols > s->xq_plane || (s->xsw && wg_xsw_win(rows, (int)(cols / 64), 0) > s->xsw_n)) {
+        return lilac_fail(err, "internal: prefill split of %lld x %lld exceeds its buffers", (long long)rows,
+                          (long long)cols);
+    }
     if (xm == XM_SWIGLU)
         pdl_launch(s, k_split_x<1>, (unsigned)rows, 256, 0, x, ldx, xoff, cols, s->xh, s->xl, s->xsum, s->xq, s->xsig, s->xq_plane,
                    s->xsw);
