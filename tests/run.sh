@@ -72,6 +72,14 @@ if command -v g++ >/dev/null; then
         -x c++ tests/cuda/emu/test_attn_wg_emu.cc -lm -o build/test_attn_wg_emu && build/test_attn_wg_emu && \
         CUEMU_SHUFFLE=1 build/test_attn_wg_emu"
 fi
+# The decode attention on the tensor cores (src/backend/cuda/cuda_attn_dec.cuh) on the same emulator,
+# with its stand-ins for ldmatrix, movmatrix and the bf16 mma.sync (emu/mma.h): against one token's
+# attention in double; again with the threads resumed in random order.
+if command -v g++ >/dev/null; then
+    run_suite "emu/test_attn_dec" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
+        -x c++ tests/cuda/emu/test_attn_dec_emu.cc -lm -o build/test_attn_dec_emu && build/test_attn_dec_emu && \
+        CUEMU_SHUFFLE=1 build/test_attn_dec_emu"
+fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"

@@ -328,7 +328,7 @@ static bool run_prep_case(const Case &c) {
 // to the f32 arithmetic before the rounding; V: the bf16 of v, bit for bit),
 // and the output through it (the reference takes the K row as stored: a value
 // that rounded the other way near a midpoint moves the output by up to ~1e-4).
-static bool run_dec_case(const Case &c, bool timed) {
+static bool run_dec_case(const Case &c, bool timed, bool mma) {
     const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, S = ADEC_S, rd = hd / 4;
     const float eps = 1e-6f;
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
@@ -371,13 +371,21 @@ static bool run_dec_case(const Case &c, bool timed) {
     CK(cudaMemcpy(dinvf, invf.data(), (size_t)rd / 2 * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xFF, no * 4));
     CK(cudaMemset(dpart, 0xFF, (size_t)nh * S * (hd + 2) * 4));
-    const size_t sm = attn_dec_smem(hd);
-    auto run = [&]() {
-        const dim3 g((unsigned)nkv, (unsigned)S);
-        if (hd == 128)
-            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S, nullptr);
-        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, S, nullptr);
+    const size_t sm = mma ? attn_dec_mma_smem(hd) : attn_dec_smem(hd);
+    // the kernel under test (k_attn_dec_mma or k_attn_dec) over Sx splits, with test_attn's timeline when pr
+    auto dec = [&](int Sx, unsigned long long *pr) {
+        const dim3 g((unsigned)nkv, (unsigned)Sx);
+        if (mma && hd == 128)
+            k_attn_dec_mma<128><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
+        else if (mma)
+            k_attn_dec_mma<256><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
+        else if (hd == 128)
+            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
+        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
         CK(cudaGetLastError());
+    };
+    auto run = [&]() {
+        dec(S, nullptr);
         k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout);
         CK(cudaGetLastError());
     };
@@ -428,9 +436,9 @@ static bool run_dec_case(const Case &c, bool timed) {
     size_t n32 = 0;
     const double err32 = rel_err(got32, ref, &n32);
     bool ok = err <= 1e-4 && kerr <= 2e-6 && vok && err32 <= 1e-4;
-    printf("%s decode nh=%2d nkv=%d hd=%3d pos=%5d  max|err|/max|ref| = %.3e, its K row %.3e beyond rounding, V row %s; "
-           "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", nh, nkv, hd, pos, err, kerr, vok ? "exact" : "WRONG",
-           err32);
+    printf("%s decode %s nh=%2d nkv=%d hd=%3d pos=%6d  max|err|/max|ref| = %.3e, its K row %.3e beyond rounding, V row %s; "
+           "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", mma ? "mma " : "cuda", nh, nkv, hd, pos, err, kerr,
+           vok ? "exact" : "WRONG", err32);
     if (n_nan || row_nan || n32) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan + n32);
     printf("\n");
     if (timed && ok) {
@@ -441,8 +449,8 @@ static bool run_dec_case(const Case &c, bool timed) {
         }) * 1000.0;
         const double tc = time_ms(0, [&]() { k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout); }) * 1000.0;
         const double bytes = 2.0 * (pos + 1) * nkv * hd * sizeof(__nv_bfloat16);
-        printf("  time decode attention: k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
-               "combine %7.2f us: %.1fx\n", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
+        printf("  time decode attention (%s): k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
+               "combine %7.2f us: %.1fx\n", mma ? "k_attn_dec_mma" : "k_attn_dec", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
         // where a launch's time goes (hd 256): 20 launches in a row per split count, then one with
         // in-kernel timestamps, us from the first block's start, median / max over blocks
         if (hd == 256) {
@@ -450,20 +458,15 @@ static bool run_dec_case(const Case &c, bool timed) {
             CK(cudaEventCreate(&a));
             CK(cudaEventCreate(&b));
             for (const int Sx : {32, 64, 128}) {
-                const dim3 g((unsigned)nkv, (unsigned)Sx);
                 unsigned long long *dprof;
                 const size_t nb = (size_t)nkv * Sx;
                 CK(cudaMalloc(&dprof, 5 * nb * sizeof(unsigned long long)));
-                auto dec = [&](unsigned long long *pr) {
-                    k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
-                    CK(cudaGetLastError());
-                };
                 float ms[2];
                 for (int pass = 0; pass < 2; pass++) { // k_attn_dec alone, then with the combine
-                    dec(nullptr);
+                    dec(Sx, nullptr);
                     CK(cudaEventRecord(a));
                     for (int i = 0; i < 20; i++) {
-                        dec(nullptr);
+                        dec(Sx, nullptr);
                         if (pass) k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, Sx, nh, hd, dout);
                     }
                     CK(cudaEventRecord(b));
@@ -477,7 +480,7 @@ static bool run_dec_case(const Case &c, bool timed) {
                 const double es = rel_err(gs, ref, &ns);
                 const bool sok = es <= 1e-4 && ns == 0;
                 ok = ok && sok;
-                dec(dprof);
+                dec(Sx, dprof);
                 CK(cudaDeviceSynchronize());
                 std::vector<unsigned long long> pr(5 * nb);
                 CK(cudaMemcpy(pr.data(), dprof, pr.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
@@ -543,14 +546,20 @@ int main(void) {
     }
     CK(cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)));
     CK(cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)));
+    CK(cudaFuncSetAttribute(k_attn_dec_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(128)));
+    CK(cudaFuncSetAttribute(k_attn_dec_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(256)));
     // decode: empty splits (pos < S), one partial tile, tile edges, long contexts; GQA groups of 8, 4 and 1
-    for (int pos : {0, 1, 31, 32, 63, 64, 65, 2047, 4095, 32767}) {
-        if (run_dec_case({16, 2, 256, 1, pos}, pos == 4095 || pos == 32767)) pass++;
-        else fail++;
-    }
-    for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}}) {
-        if (run_dec_case(c, false)) pass++;
-        else fail++;
+    // (each through both kernels: k_attn_dec_mma, the default, then k_attn_dec)
+    for (int mma = 1; mma >= 0; mma--) {
+        for (int pos : {0, 1, 15, 16, 17, 31, 32, 63, 64, 65, 127, 128, 129, 2047, 4095, 32767, 131071}) {
+            if (run_dec_case({16, 2, 256, 1, pos}, pos == 4095 || pos == 32767 || pos == 131071, mma)) pass++;
+            else fail++;
+        }
+        for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}, Case{12, 2, 128, 1, 5000},
+                       Case{16, 2, 256, 1, 6000}}) {
+            if (run_dec_case(c, false, mma)) pass++;
+            else fail++;
+        }
     }
     for (Case c : {Case{16, 2, 256, 5, 0}, Case{16, 2, 256, 3, 4090}, Case{4, 2, 64, 7, 100}}) {
         if (run_prep_case(c)) pass++;

@@ -344,6 +344,7 @@ struct lilac_session {
     int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
     bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
     bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
+    bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -671,6 +672,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
     s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
+    const char *e_am = getenv("LILAC_ADEC_MMA");
+    s->adec_mma = !(e_am && !strcmp(e_am, "0"));
     // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prefill calls of gdn_chunk_min tokens or more;
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
@@ -754,7 +757,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              (!s->gemm_wg ||
               cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()) == cudaSuccess) &&
              cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
-             cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess;
+             cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess &&
+             cudaFuncSetAttribute(k_attn_dec_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(128)) == cudaSuccess &&
+             cudaFuncSetAttribute(k_attn_dec_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(256)) == cudaSuccess;
     }
     ok = ok && cudaMallocHost((void **)&s->h_pinned, sizeof(int) * (C + 1)) == cudaSuccess &&
          cudaHostAlloc((void **)&s->ring, sizeof(int) * RING, cudaHostAllocMapped) == cudaSuccess &&
@@ -1042,12 +1047,14 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
-#define DEC(DPL) pdl_launch(s, k_attn_dec<DPL>, g, ADEC_THREADS, attn_dec_smem(hd), (const float *)s->qg, (const float *)s->kx,     \
-                            (const float *)s->vx, d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, \
-                            s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S,  \
-                            (unsigned long long *)nullptr)
-        if (hd == 128) DEC(4);
-        else DEC(8);
+#define DEC(K, NT, SM) pdl_launch(s, K, g, NT, SM, (const float *)s->qg, (const float *)s->kx, (const float *)s->vx, d.q_norm,     \
+                                  d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, s->kc[(size_t)l],         \
+                                  s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S, (unsigned long long *)nullptr)
+        if (s->adec_mma) { // both products on the tensor cores (cuda_attn_dec.cuh)
+            if (hd == 128) DEC(k_attn_dec_mma<128>, adec::NT, attn_dec_mma_smem(128));
+            else DEC(k_attn_dec_mma<256>, adec::NT, attn_dec_mma_smem(256));
+        } else if (hd == 128) DEC(k_attn_dec<4>, ADEC_THREADS, attn_dec_smem(128));
+        else DEC(k_attn_dec<8>, ADEC_THREADS, attn_dec_smem(256));
 #undef DEC
         CKL();
     } else {

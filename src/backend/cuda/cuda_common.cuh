@@ -137,6 +137,22 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
                  : "r"(addr)
                  : "memory");
 }
+// D += A (16 x 16, row) * B (16 x 8, col), bf16 in, f32 accumulate (the PTX fragment map:
+// g = lane / 4, t = lane % 4; a0 (g, 2t|2t+1), a1 (g + 8, ..), a2 (g, 2t+8|2t+9), a3 (g + 8, ..);
+// b0 (k 2t|2t+1, n g), b1 (k 2t+8|2t+9, n g); c (g + 8 (i >> 1), 2t + (i & 1))).
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// An 8x8 b16 matrix held as ldmatrix leaves it (lane l: row l / 4, columns 2 (l % 4), +1), transposed
+// across the warp: lane l gets row l / 4 of the transpose.
+__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 // A barrier of the n threads (whole warps) that call it with the same id (1..15; __syncthreads uses 0).

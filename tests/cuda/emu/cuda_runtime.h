@@ -203,6 +203,13 @@ inline float __uint_as_float(unsigned u) {
 // at once (so the emulator checks what a pipeline copies where, not when); a 32-bit
 // shared-memory address is an offset into the launch's dynamic shared memory.
 inline void pdl_wait() {}
+inline void pdl_trigger_early() {}
+inline unsigned long long gtimer() { return 0; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 inline void cp_async16(void *smem, const void *gmem, bool valid) {
     if (valid) memcpy(smem, gmem, 16);
     else memset(smem, 0, 16);
