@@ -376,9 +376,9 @@ static bool run_dec_case(const Case &c, bool timed, bool mma) {
     auto dec = [&](int Sx, unsigned long long *pr) {
         const dim3 g((unsigned)nkv, (unsigned)Sx);
         if (mma && hd == 128)
-            k_attn_dec_mma<128><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, 0, pr);
+            k_attn_dec_mma<128><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
         else if (mma)
-            k_attn_dec_mma<256><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, 0, pr);
+            k_attn_dec_mma<256><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
         else if (hd == 128)
             k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
         else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);

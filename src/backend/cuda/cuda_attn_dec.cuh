@@ -109,15 +109,11 @@ __host__ __device__ inline size_t attn_dec_mma_smem(int hd) {
 // Grid (nkv, S), adec::NT threads, attn_dec_mma_smem(HD) bytes; arguments as k_attn_dec's
 // (qg: the q/k/v GEMV's raw query halves; kx, vx: this token's raw k and v; part: the
 // splits' partials, part[(h*S + s)*(HD+2)] = acc, max, sum; prof: test_attn's timeline).
-// early: the first two tiles' copies are issued before the predecessor wait, so that they are
-// in flight while the q/k/v GEMV finishes (LILAC_ADEC_EARLY=1, an experiment). Only where no
-// kernel that may still run writes the cache rows before p or *d_pos: inside one captured decode
-// step (the previous step's graph has completed; nothing in a step writes them before its argmax).
 template <int HD>
 __global__ void __launch_bounds__(adec::NT, 1)
     k_attn_dec_mma(const float *qg, const float *kx, const float *vx, const float *qn, const float *kn, const float *inv_freq,
                    int rd, float eps, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv, float *part,
-                   int S, int early, unsigned long long *prof) {
+                   int S, unsigned long long *prof) {
     using namespace adec;
     using Ly = lay<HD>;
     constexpr int DPL = HD / 32, KS = HD / 16, CPR = HD / 8; // dims per lane, k16 steps, 16-byte chunks per row
@@ -127,46 +123,18 @@ __global__ void __launch_bounds__(adec::NT, 1)
     float *const qs = reinterpret_cast<float *>(sm);
     __nv_bfloat16 *const kp = reinterpret_cast<__nv_bfloat16 *>(sm + Ly::KP), *const vp = kp + HD;
     float *const red = reinterpret_cast<float *>(sm + Ly::KV); // after the last tile: [warp][head][HD]
+    const uint32_t s_kv = smem_u32(sm) + Ly::KV;
     const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int nb = gridDim.x * gridDim.y, bi = blockIdx.y * gridDim.x + blockIdx.x;
     auto mark = [&](int i) { if (prof && tid == 0) prof[i * nb + bi] = gtimer(); };
     mark(0);
     pdl_trigger_early();
-    if (!early) pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
+    pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
     const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
     const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
     const int64_t j0 = n * s / S, j1 = last ? p : n * (s + 1) / S; // cached keys [j0, j1)
     const int ntile = (int)((j1 - j0 + TK - 1) / TK);
-    // Tile it into buffer b: K and V rows j0 + it TK .., rows past j1 zero-filled (their scores are
-    // masked, and a zero V row keeps P V finite).
-    const uint32_t s_kv = smem_u32(sm) + Ly::KV;
-    auto load = [&](int it, int b) {
-        const int64_t t0 = j0 + (int64_t)it * TK;
-        const uint32_t dk = s_kv + (uint32_t)(2 * b * Ly::TILE), dv = dk + Ly::TILE;
-        for (int i = tid; i < TK * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const bool ok = t0 + r < j1;
-            const int64_t src = ok ? (t0 + r) * kvw + (int64_t)kh * HD + 8 * c : 0;
-            const uint32_t o = (uint32_t)(r * Ly::ROW) + swz(r, c);
-            cp_async16_s(dk + o, kc + src, ok);
-            cp_async16_s(dv + o, vc + src, ok);
-        }
-        cp_async_commit();
-    };
-    // always ST - 1 commit groups here and one per tile below (issued after the tile's barrier), so
-    // that the wait for tile it is "all but the newest ST - 2 groups"
-    static_assert(ST == 3, "the prologue issues two tiles");
-    auto prologue_tiles = [&]() {
-        if (ntile > 0) load(0, 0);
-        else cp_async_commit();
-        if (ntile > 1) load(1, 1);
-        else cp_async_commit();
-    };
-    if (early) {
-        prologue_tiles();
-        pdl_wait();
-    }
     // This token's q (heads warp and warp + NW), and in the last split its k (warp 0) and v, with
     // their gains and RoPE frequencies, loaded before the tiles' copies (behind them they would
     // wait for every block's DRAM traffic: docs/perf.md, run 58).
@@ -191,7 +159,28 @@ __global__ void __launch_bounds__(adec::NT, 1)
         const int i = tid + u * NT;
         vr[u] = last && i < HD ? vx[(int64_t)kh * HD + i] : 0.0f;
     }
-    if (!early) prologue_tiles();
+    // Tile it into buffer b: K and V rows j0 + it TK .., rows past j1 zero-filled (their scores are
+    // masked, and a zero V row keeps P V finite).
+    auto load = [&](int it, int b) {
+        const int64_t t0 = j0 + (int64_t)it * TK;
+        const uint32_t dk = s_kv + (uint32_t)(2 * b * Ly::TILE), dv = dk + Ly::TILE;
+        for (int i = tid; i < TK * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const bool ok = t0 + r < j1;
+            const int64_t src = ok ? (t0 + r) * kvw + (int64_t)kh * HD + 8 * c : 0;
+            const uint32_t o = (uint32_t)(r * Ly::ROW) + swz(r, c);
+            cp_async16_s(dk + o, kc + src, ok);
+            cp_async16_s(dv + o, vc + src, ok);
+        }
+        cp_async_commit();
+    };
+    // always ST - 1 commit groups here and one per tile below (issued after the tile's barrier), so
+    // that the wait for tile it is "all but the newest ST - 2 groups"
+    static_assert(ST == 3, "the prologue issues two tiles");
+    if (ntile > 0) load(0, 0);
+    else cp_async_commit();
+    if (ntile > 1) load(1, 1);
+    else cp_async_commit();
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         const int h = warp + NW * u;

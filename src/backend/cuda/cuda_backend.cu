@@ -345,8 +345,6 @@ struct lilac_session {
     bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
     bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
     bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
-    bool adec_early;          // LILAC_ADEC_EARLY=1: its first tiles' copies before the predecessor wait (in a captured step)
-    bool capturing;           // a decode step is being captured as a graph (capture_step, capture_sample_step)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -676,8 +674,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
     const char *e_am = getenv("LILAC_ADEC_MMA");
     s->adec_mma = !(e_am && !strcmp(e_am, "0"));
-    const char *e_ae = getenv("LILAC_ADEC_EARLY");
-    s->adec_early = e_ae && !strcmp(e_ae, "1");
     // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prefill calls of gdn_chunk_min tokens or more;
     // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
     s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
@@ -1051,14 +1047,12 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (T == 1 && (s->ablate & ABL_ATTN)) return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err); // LILAC_ABLATE
     if (dec) { // GQA-packed: each K/V row read once for the G query heads that share it
         const dim3 g((unsigned)nkv, (unsigned)S);
-#define DEC(K, NT, SM, ...) pdl_launch(s, K, g, NT, SM, (const float *)s->qg, (const float *)s->kx, (const float *)s->vx,        \
-                                       d.q_norm, d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps,          \
-                                       s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S,        \
-                                       __VA_ARGS__ (unsigned long long *)nullptr)
+#define DEC(K, NT, SM) pdl_launch(s, K, g, NT, SM, (const float *)s->qg, (const float *)s->kx, (const float *)s->vx, d.q_norm,     \
+                                  d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, s->kc[(size_t)l],         \
+                                  s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S, (unsigned long long *)nullptr)
         if (s->adec_mma) { // both products on the tensor cores (cuda_attn_dec.cuh)
-            const int early = s->adec_early && s->capturing;
-            if (hd == 128) DEC(k_attn_dec_mma<128>, adec::NT, attn_dec_mma_smem(128), early,);
-            else DEC(k_attn_dec_mma<256>, adec::NT, attn_dec_mma_smem(256), early,);
+            if (hd == 128) DEC(k_attn_dec_mma<128>, adec::NT, attn_dec_mma_smem(128));
+            else DEC(k_attn_dec_mma<256>, adec::NT, attn_dec_mma_smem(256));
         } else if (hd == 128) DEC(k_attn_dec<4>, ADEC_THREADS, attn_dec_smem(128));
         else DEC(k_attn_dec<8>, ADEC_THREADS, attn_dec_smem(256));
 #undef DEC
@@ -1445,9 +1439,7 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
 static int capture_step(lilac_session *s, lilac_err *err) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-    s->capturing = true;
     int rc = decode_pass(s, true, err);
-    s->capturing = false;
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0) return -1;
     CK(e);
@@ -1587,9 +1579,7 @@ static int cuda_forward_sample(lilac_session *s, const int32_t *ids, int n, int3
 static int capture_sample_step(lilac_session *s, lilac_err *err) {
     cudaGraph_t g = nullptr;
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
-    s->capturing = true;
     int rc = decode_pass(s, false, err);
-    s->capturing = false;
     if (rc == 0) rc = cuda_sampler_launch(s->smp, s->logits, s->st, err);
     const cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0 || e != cudaSuccess) {
