@@ -77,6 +77,71 @@ __device__ __forceinline__ void warp_norm_rope_regs(const float (&r)[DPL], const
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 
+// What both kernels share. Split s of S over the n = p + 1 keys of the token at position p
+// (*d_pos): the cached keys [j0, j1) it reads; the last split (never empty) holds key p too.
+struct adec_range {
+    int64_t p, j0, j1;
+    bool last;
+};
+__device__ __forceinline__ adec_range adec_range_of(const int *d_pos, int s, int S) {
+    adec_range r;
+    r.p = *d_pos;
+    const int64_t n = r.p + 1;
+    r.last = s == S - 1;
+    r.j0 = n * s / S;
+    r.j1 = r.last ? r.p : n * (s + 1) / S;
+    return r;
+}
+// The last split's key p: warp 0 norms and ropes its k (kr, kw, fr: as warp_norm_rope_regs takes
+// them) through kpf, and the block's threads (NT, VPT values each in vr) take its v; both rounded to
+// bf16 into the cache rows kd, vd and into shared memory (kp, vp), so that it is scored exactly as
+// later steps will read it.
+template <int DPL, int NT, int VPT>
+__device__ __forceinline__ void adec_key_p(const float (&kr)[DPL], const float (&kw)[DPL], const float (&fr)[DPL], int rd,
+                                           int64_t p, float eps, const float (&vr)[VPT], __nv_bfloat16 *kd,
+                                           __nv_bfloat16 *vd, __nv_bfloat16 *kp, __nv_bfloat16 *vp, float *kpf) {
+    constexpr int HD = DPL * 32;
+    const int tid = threadIdx.x, lane = tid & 31;
+    if (tid < 32) {
+        warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kpf);
+        __syncwarp();
+        for (int i = lane; i < HD; i += 32) kd[i] = kp[i] = __float2bfloat16_rn(kpf[i]);
+    }
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        const int i = tid + u * NT;
+        if (i < HD) vd[i] = vp[i] = __float2bfloat16_rn(vr[u]);
+    }
+}
+// The warps' merge, once each warp w has left its weighted output of head h in red[(w * 8 + h) * HD ..]
+// and its max and sum in mls[w][h], lls[w][h]: split s's partials of the G heads, part[(h*S + s)*(HD+2)]
+// = acc, max, sum (k_attn_combine merges them). NW warps, NT threads.
+template <int HD, int NW, int NT>
+__device__ __forceinline__ void adec_store(const float *red, const float (*mls)[8], const float (*lls)[8], int G, int kh,
+                                           int s, int S, float *part) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < G * HD; i += NT) {
+        const int h = i / HD, d = i % HD;
+        float a = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) a += red[((size_t)w * 8 + h) * HD + d];
+        part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + d] = a;
+    }
+    if (tid < G) {
+        float M = -INFINITY, L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) M = fmaxf(M, mls[w][tid]);
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            const float mw = mls[w][tid];
+            L += mw == -INFINITY ? 0.0f : lls[w][tid] * expf(mw - M);
+        }
+        float *pp = part + ((int64_t)(kh * G + tid) * S + s) * (HD + 2);
+        pp[HD] = M;
+        pp[HD + 1] = L;
+    }
+}
+
 // ---------------------------------------------------------------- k_attn_dec_mma
 
 namespace adec {
@@ -131,9 +196,9 @@ __global__ void __launch_bounds__(adec::NT, 1)
     mark(0);
     pdl_trigger_early();
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
-    const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
-    const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
-    const int64_t j0 = n * s / S, j1 = last ? p : n * (s + 1) / S; // cached keys [j0, j1)
+    const adec_range R = adec_range_of(d_pos, s, S);
+    const int64_t p = R.p, j0 = R.j0, j1 = R.j1, kvw = (int64_t)nkv * HD; // cached keys [j0, j1)
+    const bool last = R.last;
     const int ntile = (int)((j1 - j0 + TK - 1) / TK);
     // This token's q (heads warp and warp + NW), and in the last split its k (warp 0) and v, with
     // their gains and RoPE frequencies, loaded before the tiles' copies (behind them they would
@@ -186,19 +251,7 @@ __global__ void __launch_bounds__(adec::NT, 1)
         const int h = warp + NW * u;
         if (h < G) warp_norm_rope_regs<DPL>(qr[u], qw, fr, rd, p, eps, rsqrtf((float)HD), qs + h * HD);
     }
-    if (last) {
-        __nv_bfloat16 *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
-        if (warp == 0) {
-            warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kpf);
-            __syncwarp();
-            for (int i = lane; i < HD; i += 32) kd[i] = kp[i] = __float2bfloat16_rn(kpf[i]);
-        }
-#pragma unroll
-        for (int u = 0; u < VPT; u++) {
-            const int i = tid + u * NT;
-            if (i < HD) vd[i] = vp[i] = __float2bfloat16_rn(vr[u]);
-        }
-    }
+    if (last) adec_key_p<DPL, NT, VPT>(kr, kw, fr, rd, p, eps, vr, kc + p * kvw + (int64_t)kh * HD, vc + p * kvw + (int64_t)kh * HD, kp, vp, kpf);
     __syncthreads(); // qs, kp and vp visible to every warp
     mark(1);
     // Q^T as the B operand of S^T = K Q^T (k = head dim, n = head): lane (g, t) holds head g's dims
@@ -333,26 +386,7 @@ __global__ void __launch_bounds__(adec::NT, 1)
         for (int c = 0; c < 4; c++)
             rw[(2 * t + (c & 1)) * HD + 16 * mt + g + 8 * (c >> 1)] = o[mt][c] * (c & 1 ? w1 : w0);
     __syncthreads();
-    for (int i = tid; i < G * HD; i += NT) {
-        const int h = i / HD, d = i % HD;
-        float a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < NW; w++) a += red[((size_t)w * 8 + h) * HD + d];
-        part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + d] = a;
-    }
-    if (tid < G) {
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < NW; w++) M = fmaxf(M, mls[w][tid]);
-#pragma unroll
-        for (int w = 0; w < NW; w++) {
-            const float mw = mls[w][tid];
-            L += mw == -INFINITY ? 0.0f : lls[w][tid] * expf(mw - M);
-        }
-        float *pp = part + ((int64_t)(kh * G + tid) * S + s) * (HD + 2);
-        pp[HD] = M;
-        pp[HD + 1] = L;
-    }
+    adec_store<HD, NW, NT>(red, mls, lls, G, kh, s, S, part);
     mark(4);
 }
 
@@ -444,9 +478,9 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     mark(0);
     pdl_trigger_early();
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
-    const int64_t p = *d_pos, n = p + 1, kvw = (int64_t)nkv * HD;
-    const bool last = s == S - 1; // holds key p (j1 = n only there; never empty)
-    const int64_t j0 = n * s / S, j1 = last ? p : n * (s + 1) / S; // cached keys [j0, j1)
+    const adec_range R = adec_range_of(d_pos, s, S);
+    const int64_t p = R.p, j0 = R.j0, j1 = R.j1, kvw = (int64_t)nkv * HD; // cached keys [j0, j1)
+    const bool last = R.last;
     const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
     // This token's q (warp h < G: head h), and in the last split its k (warp 0) and v, with their gains and
     // RoPE frequencies, loaded before the tiles: behind the tiles' copies they waited for the DRAM traffic of
@@ -490,19 +524,9 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
     if (ntile > 1) load(1, 1);
     else cp_async_commit();
     if (warp < G) warp_norm_rope_regs<DPL>(qr, qw, fr, rd, p, eps, rsqrtf((float)HD), qs + warp * HD);
-    if (last) {
-        __nv_bfloat16 *kd = kc + p * kvw + (int64_t)kh * HD, *vd = vc + p * kvw + (int64_t)kh * HD;
-        if (warp == 0) {
-            warp_norm_rope_regs<DPL>(kr, kw, fr, rd, p, eps, 1.0f, kpf);
-            __syncwarp();
-            for (int i = lane; i < HD; i += 32) kd[i] = kp[i] = __float2bfloat16_rn(kpf[i]);
-        }
-#pragma unroll
-        for (int u = 0; u < (HD + ADEC_THREADS - 1) / ADEC_THREADS; u++) {
-            const int i = tid + u * ADEC_THREADS;
-            if (i < HD) vd[i] = vp[i] = __float2bfloat16_rn(vr[u]);
-        }
-    }
+    if (last)
+        adec_key_p<DPL, ADEC_THREADS, (HD + ADEC_THREADS - 1) / ADEC_THREADS>(
+            kr, kw, fr, rd, p, eps, vr, kc + p * kvw + (int64_t)kh * HD, vc + p * kvw + (int64_t)kh * HD, kp, vp, kpf);
     __syncthreads(); // qs, kp and vp visible to every warp
     mark(1);
     float q[8][DPL]; // head h's dims lane DPL .. lane DPL + DPL - 1 (heads >= G: 0)
@@ -606,26 +630,7 @@ __global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, cons
                 make_float4(acc[h][d] * wt, acc[h][d + 1] * wt, acc[h][d + 2] * wt, acc[h][d + 3] * wt);
     }
     __syncthreads();
-    for (int i = tid; i < G * HD; i += nthr) {
-        const int h = i / HD, d = i % HD;
-        float a = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 8; w++) a += red[((size_t)w * 8 + h) * HD + d];
-        part[((int64_t)(kh * G + h) * S + s) * (HD + 2) + d] = a;
-    }
-    if (tid < G) {
-        float M = -INFINITY, L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < 8; w++) M = fmaxf(M, mls[w][tid]);
-#pragma unroll
-        for (int w = 0; w < 8; w++) {
-            const float mw = mls[w][tid];
-            L += mw == -INFINITY ? 0.0f : lls[w][tid] * expf(mw - M);
-        }
-        float *pp = part + ((int64_t)(kh * G + tid) * S + s) * (HD + 2);
-        pp[HD] = M;
-        pp[HD + 1] = L;
-    }
+    adec_store<HD, 8, ADEC_THREADS>(red, mls, lls, G, kh, s, S, part);
     mark(4);
 }
 #endif // LILAC_CUEMU
