@@ -49,8 +49,8 @@ inline void wgmma_m64n64k16_bf16(float (&d)[32], const uint32_t *a, uint64_t ade
     const unsigned grp = tid.x >> 7, l = tid.x & 127, nwg = bdim.x / 128;
     if (wg_ex.size() < nwg) wg_ex.resize(nwg);
     if (wg_bar.size() != nwg) wg_bar.assign(nwg, barrier{0, 128, 0});
-    if (bdim.x % 128) {
-        fprintf(stderr, "cuemu: wgmma in a block of %u threads (not whole warpgroups)\n", bdim.x);
+    if (grp >= nwg) { // (a block may end in a partial warpgroup, e.g. k_gemm_ws's producer warp, that never calls this)
+        fprintf(stderr, "cuemu: wgmma from thread %u, outside the block's whole warpgroups\n", tid.x);
         abort();
     }
     wg_desc_check(bdesc);
