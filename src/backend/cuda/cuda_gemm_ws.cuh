@@ -24,8 +24,9 @@
 // a wgmma in flight accumulates into, or ptxas serialises the MMAs), added at the end.
 //
 // Warps 0-7 are the two warpgroups (warp w: row block w, rows 16w .. 16w + 15 of the tile), warps
-// 8-11 the producer (its registers given to the consumers: setmaxnreg 40 / 232, as one block of 12
-// warps would otherwise cap every thread at 168). Copies by cp.async, 16 bytes a lane (the input rows are gathered through xrow,
+// 8-11 the producer (its registers given to the consumers: setmaxnreg 56 / 224, 56 + 2 x 224 = 3 x
+// 168, the count at entry; one block of 12 warps would otherwise cap every thread at 168; at 40 the
+// producer spilled its addresses, run 104). Copies by cp.async, 16 bytes a lane (the input rows are gathered through xrow,
 // which the tensor copy engine cannot do on sm_90); a consumer makes them visible to its MMAs with
 // a proxy fence after its wait (wgmma reads shared memory through the async proxy).
 // sm_90a only, as k_gemm_wg; the CUDA emulator (tests/cuda/emu: mbarriers, wgmma) runs it in CI
@@ -33,11 +34,11 @@
 #pragma once
 #include "cuda_gemm_wg.cuh"
 
-#define WS_THREADS 384 // two consumer warpgroups + the producer warpgroup
+#define WS_THREADS 640 // four consumer warpgroups + the producer warpgroup
 // Dynamic shared memory (from a 1,024-byte boundary): S stages of wg_lay's size, XB[2] and BB[2]
 // (8 KB each), the 2 S mbarriers.
 struct ws_lay {
-    static const int S = 6;
+    static const int S = 9;
     static const int XB = S * wg_lay::SIZE, BB = XB + 2 * wg_lay::XB_W, BAR = BB + 2 * 8192;
 };
 constexpr size_t ws_smem() { return (size_t)ws_lay::BAR + 16 * ws_lay::S + 1024; }
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     if (tid == 0)
         for (int s = 0; s < S; s++) {
             mbar_init(full(s), 128); // the producer's threads, as their copies land
-            mbar_init(empty(s), 8); // the consumer warps, as they finish a group
+            mbar_init(empty(s), 16); // the consumer warps, as they finish a group
         }
     pdl_wait();
     dmat W;
@@ -70,12 +71,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
     const int64_t K = W.cols, ng = K / 64;
     const int nk = (int)ng;
 
-    if (warp >= 8) { // the producer warpgroup: group kt into stage kt % S once the consumers have released it
-        wg_setmaxnreg_dec<40>();
+    if (warp >= 16) { // the producer warpgroup: group kt into stage kt % S once the consumers have released it
+        wg_setmaxnreg_dec<56>();
         // thread pt's copies of a stage: codes, 16 bytes of row blocks pt / 32 and 4 + pt / 32 (lane pt % 32);
         // pt < 32: scale/bias pairs of rows 4 pt .. +3; input parts: token pt / 2, chunks 4 (pt & 1) .. +3
         // of both. Of a window: group-sum chunks pt + 128 j; the window's pairs, chunks pt + 128 j.
-        const int pt = tid - 256, lq = pt & 31;
+        const int pt = tid - 512, lq = pt & 31;
         const int64_t rb0 = m0 / 16;
         const int nrb = (int)(W.pk_rb - rb0 < 8 ? W.pk_rb - rb0 : 8); // row blocks present
         const bool q0_ok = pt / 32 < nrb, q1_ok = 4 + pt / 32 < nrb, sb_ok = pt < 32 && pt / 4 < nrb, bb_ok = lq / 4 < nrb;
@@ -119,20 +120,22 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         }
         return;
     }
-    wg_setmaxnreg_inc<232>();
+    wg_setmaxnreg_inc<104>();
 
-    // The consumers: warp w = row block w (rows 16w .. 16w + 15 of the tile), warpgroup w / 4.
-    const int g = lane >> 2, t = lane & 3;
+    // The consumers: warpgroup cw takes rows 64 (cw & 1) .. +63 and tokens 32 (cw >> 1) .. +31 of the
+    // tile; its warp w & 3 row block rb = 4 (cw & 1) + (w & 3) (rows 16 rb .. 16 rb + 15).
+    const int g = lane >> 2, t = lane & 3, cw = warp >> 2, rb = 4 * (cw & 1) + (warp & 3), th = cw >> 1;
+    constexpr int NA = 16; // accumulator registers: 64 rows x 32 tokens
     // acc: the folded sums (only the fold writes it); accb: the bias products (only wgmma writes it)
-    float acc[32], accb[32], p0[32], p1[32];
+    float acc[NA], accb[NA], p0[NA], p1[NA];
 #pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = 0.0f, accb[i] = 0.0f, p0[i] = 0.0f, p1[i] = 0.0f;
+    for (int i = 0; i < NA; i++) acc[i] = 0.0f, accb[i] = 0.0f, p0[i] = 0.0f, p1[i] = 0.0f;
     // Window w's bias product sum_G b[m][G] xs[n][G] (accb += b (64 x 16) x XB[w & 1]): A = the b values
     // (the pairs' high halves, exact in bf16) in the m16n8k16 A map, rows g, g + 8 of the warp's 16,
     // groups 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3) of the window; B = the group sums'
     // three pieces, the small ones first
     auto load_ab = [&](int w, uint32_t (&ab)[4]) {
-        const uint32_t *bb = (const uint32_t *)(sm + ws_lay::BB + (w & 1) * 8192) + 16 * warp + g;
+        const uint32_t *bb = (const uint32_t *)(sm + ws_lay::BB + (w & 1) * 8192) + 16 * rb + g;
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             const int j0 = 2 * t + 8 * (r >> 1), row = 8 * (r & 1);
@@ -140,17 +143,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         }
     };
     auto mma_bias = [&](int w, const uint32_t (&ab)[4]) {
-        const uint64_t dxb = wg_desc_k(sm_a + (uint32_t)(ws_lay::XB + (w & 1) * C::XB_W));
+        const uint64_t dxb = wg_desc_k(sm_a + (uint32_t)(ws_lay::XB + (w & 1) * C::XB_W + 4096 * th)); // (tokens 32 th ..)
 #pragma unroll
-        for (int pc = 2; pc >= 0; pc--) wg_mma_64x64(accb, ab, dxb + (uint32_t)(32 * pc) / 16, 1);
+        for (int pc = 2; pc >= 0; pc--) wg_mma_64x32(accb, ab, dxb + (uint32_t)(32 * pc) / 16, 1);
     };
     // issue group kt's eight MMAs into pc (A: the codes, unpacked; B: the stage's two parts) and, at
     // a window's first group, the previous window's bias product: one commit group
-    auto mma_group = [&](int kt, float (&pc)[32]) {
+    auto mma_group = [&](int kt, float (&pc)[NA]) {
         const int s = kt % S;
         mbar_wait(full(s), (unsigned)(kt / S) & 1u);
         wg_proxy_fence(); // the producer's copies, visible to wgmma
-        const uint4 wq = *(const uint4 *)(sm + s * C::SIZE + C::Q + 16 * (warp * 32 + lane));
+        const uint4 wq = *(const uint4 *)(sm + s * C::SIZE + C::Q + 16 * (rb * 32 + lane));
         const uint32_t wk[4] = {wq.x, wq.y, wq.z, wq.w};
         uint32_t a[4][4], ab[4];
 #pragma unroll
@@ -159,28 +162,28 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             for (int j = 0; j < 4; j++) a[ks][j] = pk_frag2(wk[ks] >> (4 * j));
         const bool bias = kt > 0 && (kt & 15) == 0;
         if (bias) load_ab((kt >> 4) - 1, ab);
-        const uint64_t dh = wg_desc_k(sm_a + (uint32_t)(s * C::SIZE + C::XH)), dl = dh + (C::XL - C::XH) / 16;
+        const uint64_t dh = wg_desc_k(sm_a + (uint32_t)(s * C::SIZE + C::XH + 4096 * th)), dl = dh + (C::XL - C::XH) / 16;
         wg_pin(pc);
         wg_pin(accb);
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
-            wg_mma_64x64(pc, a[ks], dl + 2 * ks, ks > 0);
-            wg_mma_64x64(pc, a[ks], dh + 2 * ks, 1);
+            wg_mma_64x32(pc, a[ks], dl + 2 * ks, ks > 0);
+            wg_mma_64x32(pc, a[ks], dh + 2 * ks, 1);
         }
         if (bias) mma_bias((kt >> 4) - 1, ab);
         wg_commit();
     };
     // fold group kt: acc += s pc (pc[4j + c]: row g + 8 (c >> 1), token 8j + 2t + (c & 1)); then release its stage
-    auto fold = [&](int kt, float (&pc)[32]) {
+    auto fold = [&](int kt, float (&pc)[NA]) {
         const unsigned char *const st = sm + (kt % S) * C::SIZE;
-        const uint32_t u0 = *(const uint32_t *)(st + C::SB + 4 * (16 * warp + g)),
-                       u1 = *(const uint32_t *)(st + C::SB + 4 * (16 * warp + g + 8));
+        const uint32_t u0 = *(const uint32_t *)(st + C::SB + 4 * (16 * rb + g)),
+                       u1 = *(const uint32_t *)(st + C::SB + 4 * (16 * rb + g + 8));
         const float s0 = __uint_as_float(u0 << 16), s1 = __uint_as_float(u1 << 16);
         wg_pin(pc);
         wg_pin(acc);
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
+        for (int j = 0; j < NA / 4; j++) {
             acc[4 * j + 0] = fmaf(s0, pc[4 * j + 0], acc[4 * j + 0]);
             acc[4 * j + 1] = fmaf(s0, pc[4 * j + 1], acc[4 * j + 1]);
             acc[4 * j + 2] = fmaf(s1, pc[4 * j + 2], acc[4 * j + 2]);
@@ -189,11 +192,12 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         __syncwarp();
         if (lane == 0) mbar_arrive(empty(kt % S));
     };
+#ifdef WS_DP
     // Group kt's MMAs run while group kt - 1 is folded. ptxas cannot follow a wgmma group in flight
     // across a loop's back edge (it then serialises every MMA: C7514), so the loop is unrolled by
     // U and the first group of each turn waits for the one before it (first: wait_group 0). U = 2:
     // 4 gave C7514 again, 8 ran out of registers (C7511, 528 bytes of spills; ptxas, CUDA 13).
-    auto step = [&](int kt, float (&pc)[32], float (&pp)[32], bool first) {
+    auto step = [&](int kt, float (&pc)[NA], float (&pp)[NA], bool first) {
         mma_group(kt, pc);
         if (kt > 0) {
             if (first) wg_wait<0>();
@@ -215,6 +219,15 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
             if (r & 1) step(kt + r, p1, p0, false);
             else step(kt + r, p0, p1, r == 0);
         }
+#else
+    // Group kt's MMAs, then their fold: the four warpgroups overlap each other's.
+    for (int kt = 0; kt < nk; kt++) {
+        mma_group(kt, p0);
+        wg_wait<0>();
+        fold(kt, p0);
+    }
+    (void)p1;
+#endif
     { // the last window's bias product (its buffers are not reused)
         uint32_t ab[4];
         load_ab((nk - 1) >> 4, ab);
@@ -224,15 +237,17 @@ __global__ void __launch_bounds__(WS_THREADS, 1)
         wg_commit();
     }
     wg_wait<0>();
+#ifdef WS_DP
     if ((nk - 1) & 1) fold(nk - 1, p1);
     else fold(nk - 1, p0);
+#endif
     wg_pin(accb);
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++)
+    for (int j = 0; j < NA / 4; j++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            const int64_t m = m0 + 16 * warp + g + (c >> 1) * 8;
-            const int n = 8 * j + 2 * t + (c & 1);
+            const int64_t m = m0 + 16 * rb + g + (c >> 1) * 8;
+            const int n = 32 * th + 8 * j + 2 * t + (c & 1);
             if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c] + accb[4 * j + c];
         }
 #else
