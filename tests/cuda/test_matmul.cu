@@ -32,7 +32,7 @@
 #include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
 #include "backend/cuda/cuda_packed.cuh"
-#include "backend/cuda/cuda_gemm_ws.cuh"
+#include "backend/cuda/cuda_gemm_wg.cuh"
 
 static const double BAR = 1e-4;
 static bool quick, time_gemm;
@@ -654,21 +654,19 @@ static void test_moe_fused(void) {
 }
 
 
-// The 4-bit prefill GEMMs: 0 k_gemm_q<4>, 1 k_gemm_wg, 2 k_gemm_ws (the same tiles).
-#define G4_VARIANTS 3
-static const char *g4_name(int v) { return v == 2 ? "ws" : v ? "wg" : "q"; }
+// The 4-bit prefill GEMMs: 0 k_gemm_q<4>, 1 k_gemm_wg (the same tiles).
+#define G4_VARIANTS 2
+static const char *g4_name(int v) { return v ? "wg" : "q"; }
 static void g4_attrs(void) {
     CK(cudaFuncSetAttribute(k_gemm_q<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<4>()));
     CK(cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()));
     if (!have_wg) return;
     CK(cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()));
-    CK(cudaFuncSetAttribute(k_gemm_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ws_smem()));
 }
 static void g4_launch(int v, const g4_job &j, int64_t T, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const float *xs,
                       const __nv_bfloat16 *xsw) {
     const dim3 g((unsigned)j.start[j.n], (unsigned)((T + G4_BN - 1) / G4_BN));
-    if (v == 2) k_gemm_ws<<<g, WS_THREADS, ws_smem()>>>(j, xh, xl, xsw, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
-    else if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh, xl, xsw, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh, xl, xsw, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
     else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh, xl, xs, (int)T, nullptr, nullptr, nullptr, nullptr, 1);
 }
 
@@ -799,8 +797,7 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     dy.fill_bytes(0xFF); // NaN: every output must be written
     const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
-    if (v == 2) k_gemm_ws<<<g, WS_THREADS, ws_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
-    else if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
     else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
     CKL();
     const std::vector<float> got = dy.get();

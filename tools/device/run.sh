@@ -118,9 +118,7 @@ model_checks() {
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1
           LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gdnchunk.log" 2>&1 || rc=1
-          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1
-          LILAC_GEMM_WS=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmws.log" 2>&1 || rc=1; }
-    if [ -d .devdata/tiny ]; then LILAC_GEMM_WS=1 ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny-gemmws.log" 2>&1 || rc=1; fi
+          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1; }
 }
 # A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
 # its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).

@@ -23,7 +23,6 @@ extern "C" {
 #include "cuda_sample.cuh"
 #include "cuda_gemm.cuh"
 #include "cuda_gemm_wg.cuh"
-#include "cuda_gemm_ws.cuh"
 #include "cuda_packed.cuh"
 #include "cuda_attn.cuh"
 #include "cuda_gdn_chunk.cuh"
@@ -344,7 +343,6 @@ struct lilac_session {
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
     int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
     bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
-    bool gemm_ws;             // ... by k_gemm_ws, its warps specialised (LILAC_GEMM_WS=1; with gemm_wg only)
     bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
     bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
@@ -698,8 +696,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
     s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
-    const char *e_ws = getenv("LILAC_GEMM_WS");
-    s->gemm_ws = s->gemm_wg && e_ws && !strcmp(e_ws, "1");
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
@@ -760,8 +756,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess &&
              (!s->gemm_wg ||
               cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()) == cudaSuccess) &&
-             (!s->gemm_ws ||
-              cudaFuncSetAttribute(k_gemm_ws, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ws_smem()) == cudaSuccess) &&
              cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(128)) == cudaSuccess &&
@@ -886,9 +880,6 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
     if (W[0].bits == 8)
         pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
-    else if (s->gemm_ws)
-        pdl_launch(s, k_gemm_ws, g, WS_THREADS, ws_smem(), j, xh, xl, (const __nv_bfloat16 *)s->xsw, T, offs,
-                   (const int *)s->sorted, tiles, nt, x_div);
     else if (s->gemm_wg)
         pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, (const __nv_bfloat16 *)s->xsw, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);

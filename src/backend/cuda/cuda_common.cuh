@@ -158,31 +158,6 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // A barrier of the n threads (whole warps) that call it with the same id (1..15; __syncthreads uses 0).
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-// mbarriers (sm_90: try_wait), 8 bytes of shared memory each at a 32-bit shared address: a phase
-// completes when `count` arrivals (mbar_init) have been made; mbar_wait(a, p) returns once the
-// phase of parity p has completed (at once for p = 1 on a fresh barrier). cp_async_mbar_arrive is
-// one arrival, made when every cp.async this thread issued before it has landed (.noinc: the count
-// given to mbar_init includes it). Users: k_gemm_ws (cuda_gemm_ws.cuh).
-__device__ __forceinline__ void mbar_init(uint32_t a, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t a) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t a, unsigned parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(a),
-                 "r"(parity)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t a) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
-}
-
-// Registers moved between the warpgroups of a block (sm_90; every thread of the warpgroup executes
-// it): dec gives this warpgroup's down to N per thread, inc waits until N are free and takes them.
-template <int N> __device__ __forceinline__ void wg_setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N> __device__ __forceinline__ void wg_setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
 // ---------------------------------------------------------------- grid barrier
 // (the persistent decode kernel, cuda_decode.cuh, and k_moe_fused, cuda_packed.cuh;
 // both launched cooperatively, so every CTA is resident)

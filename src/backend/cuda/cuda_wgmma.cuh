@@ -108,21 +108,6 @@ __device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)
     (void)d, (void)a, (void)desc, (void)accumulate;
 #endif
 }
-// The same with N = 32 (B: the first 32 columns of the descriptor's operand; d[4j + c], j < 4).
-__device__ __forceinline__ void wg_mma_64x32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-#ifdef LILAC_CUEMU
-    cuemu::wgmma_m64nNk16_bf16<32>(d, a, 0, desc, accumulate, 0);
-#elif WG_ON
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-                   "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-#else
-    (void)d, (void)a, (void)desc, (void)accumulate;
-#endif
-}
 // The same with A (64 x 16, K-major) from shared memory too.
 __device__ __forceinline__ void wg_mma_64x64_ss(float (&d)[32], uint64_t adesc, uint64_t bdesc, int accumulate) {
 #ifdef LILAC_CUEMU

@@ -230,39 +230,6 @@ inline void bar_sync(int id, int n) {
     if (b.count == 0) b.expected = (unsigned)n;
     cuemu::arrive(b);
 }
-// mbarriers in the launch's dynamic shared memory (8 bytes: the phase, the arrivals so far, the
-// count); cp.async copies land at once, so their arrival is an arrival.
-namespace cuemu {
-struct mbar {
-    unsigned phase;
-    unsigned short arrived, count;
-};
-static_assert(sizeof(mbar) == 8, "an mbarrier is 8 bytes");
-inline mbar &mbar_at(uint32_t a) {
-    if (a & 7) {
-        fprintf(stderr, "cuemu: mbarrier at a shared address not 8-byte aligned\n");
-        abort();
-    }
-    return *(mbar *)(dyn_smem + a);
-}
-} // namespace cuemu
-inline void mbar_init(uint32_t a, unsigned count) { cuemu::mbar_at(a) = {0u, 0, (unsigned short)count}; }
-inline void mbar_arrive(uint32_t a) {
-    cuemu::mbar &m = cuemu::mbar_at(a);
-    if (++m.arrived == m.count) m.arrived = 0, m.phase++;
-}
-inline void cp_async_mbar_arrive(uint32_t a) { mbar_arrive(a); }
-template <int N> inline void wg_setmaxnreg_dec() {}
-template <int N> inline void wg_setmaxnreg_inc() {}
-inline void mbar_wait(uint32_t a, unsigned parity) {
-    cuemu::mbar &m = cuemu::mbar_at(a);
-    while ((m.phase & 1u) == (parity & 1u)) { // until the phase of that parity completes: yield to the other fibers
-        cuemu::fiber &f = cuemu::fibers[cuemu::cur];
-        f.wait = &m.phase;
-        f.wait_phase = m.phase;
-        if (!_setjmp(f.jb)) _longjmp(cuemu::sched, 1);
-    }
-}
 
 // ---------------------------------------------------------------- runtime
 

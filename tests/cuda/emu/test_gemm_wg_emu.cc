@@ -1,12 +1,10 @@
-// test_gemm_wg_emu.cc — the 4-bit prefill GEMMs on wgmma (src/backend/cuda/cuda_gemm_wg.cuh:
-// k_gemm_wg, and cuda_gemm_ws.cuh: k_gemm_ws, its warps specialised around a ring of mbarriers) run
-// by the CUDA emulator on the CPU, against the dequantised product in double.
+// test_gemm_wg_emu.cc — the 4-bit prefill GEMM on wgmma (src/backend/cuda/cuda_gemm_wg.cuh:
+// k_gemm_wg) run by the CUDA emulator on the CPU, against the dequantised product in double.
 // Checks the kernel's logic where CI has no GPU: the packed codes' unpacking into A
 // fragments, the input parts' swizzled placement and the descriptors that read them back,
 // the stage pipeline, partial tiles, the fold, the bias product's windows (its A operand gathered
 // from the scale/bias pairs, its B operand the group sums in three pieces), the expert tile map
-// (grouped mode); for k_gemm_ws also the producer's copies and the ring's phases (a wrong parity
-// or a stage released early reads another group's data or deadlocks, which the emulator reports).
+// (grouped mode).
 // tests/cuda/test_matmul.cu checks the same kernel on the device. The weights are packed
 // here from cuda_packed.cuh's description of the layout (a second implementation of
 // k_repack4's map), the input split as k_split_x does. Build (tests/run.sh does):
@@ -21,7 +19,7 @@
 #include <vector>
 
 #include "cuda_runtime.h"
-#include "backend/cuda/cuda_gemm_ws.cuh"
+#include "backend/cuda/cuda_gemm_wg.cuh"
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static uint32_t urand32() {
@@ -136,10 +134,10 @@ static xin make_x(int64_t T, int64_t K, float amp) {
 
 static int fails = 0, passes = 0;
 
-// Launch k_gemm_wg (ws: k_gemm_ws) over one matrix (plain: tiles == nullptr) and check y[slot][m] against
+// Launch k_gemm_wg over one matrix (plain: tiles == nullptr) and check y[slot][m] against
 // sum_k w(e(slot), m, k) x(slot / x_div, k), each slot against its own size.
 static void run_case(const char *what, qw *m, const xin &x, int64_t T, int S, const std::vector<int> &slot_e,
-                     const int *offs, const int *sorted, const std::vector<int2> &tl, int x_div, bool ws) {
+                     const int *offs, const int *sorted, const std::vector<int2> &tl, int x_div) {
     const int64_t R = m->R, K = m->K;
     std::vector<float> y((size_t)(S * R), NAN); // NaN: every output must be written
     g4_job j;
@@ -158,8 +156,7 @@ static void run_case(const char *what, qw *m, const xin &x, int64_t T, int S, co
     if (!tiles) n_tiles = nullptr;
     void *args[] = {&j, &xh, &xl, &xs, &Ti, &offs, &sorted, &tiles, &n_tiles, &x_div};
     const dim3 g((unsigned)j.start[1], tiles ? (unsigned)nt + 2 : (unsigned)((T + G4_BN - 1) / G4_BN));
-    if (ws) cudaLaunchKernel(k_gemm_ws, g, dim3(WS_THREADS), args, ws_smem());
-    else cudaLaunchKernel(k_gemm_wg, g, dim3(256), args, wg_smem());
+    cudaLaunchKernel(k_gemm_wg, g, dim3(256), args, wg_smem());
     double e = 0.0;
     for (int sl = 0; sl < S; sl++) {
         const float *xr = &x.x[(size_t)(sl / x_div) * (size_t)K];
@@ -180,7 +177,7 @@ static void run_case(const char *what, qw *m, const xin &x, int64_t T, int S, co
         }
     }
     const bool ok = e <= 1e-4;
-    printf("  %s %-52s rel err %.2e  %s\n", ws ? "ws" : "wg", what, e, ok ? "PASS" : "FAIL");
+    printf("  %-52s rel err %.2e  %s\n", what, e, ok ? "PASS" : "FAIL");
     (ok ? passes : fails)++;
 }
 
@@ -190,7 +187,7 @@ static void plain(int64_t R, int64_t K, int64_t T, float amp) {
     char what[96];
     snprintf(what, sizeof what, "plain %lld x %lld, %lld tokens%s", (long long)R, (long long)K, (long long)T,
              amp != 1.0f ? ", rows 1e5x apart" : "");
-    for (int ws = 0; ws < 2; ws++) run_case(what, m, x, T, (int)T, std::vector<int>((size_t)T, 0), nullptr, nullptr, {}, 1, ws);
+    run_case(what, m, x, T, (int)T, std::vector<int>((size_t)T, 0), nullptr, nullptr, {}, 1);
     delete m;
 }
 
@@ -213,19 +210,19 @@ static void grouped(int E, int64_t R, int64_t K, int64_t T, int KS) {
     char what[96];
     snprintf(what, sizeof what, "grouped %d experts of %lld x %lld, %lld tokens x %d slots", E, (long long)R, (long long)K,
              (long long)T, KS);
-    for (int ws = 0; ws < 2; ws++) run_case(what, m, x, T, S, ex, offs.data(), sorted.data(), tl, KS, ws);
+    run_case(what, m, x, T, S, ex, offs.data(), sorted.data(), tl, KS);
     delete m;
 }
 
 int main(void) {
-    printf("k_gemm_wg and k_gemm_ws under the CUDA emulator\n");
+    printf("k_gemm_wg under the CUDA emulator\n");
     plain(200, 256, 65, 1.0f);   // rows not a multiple of 16 or 128; a second 64-token tile of one token
     plain(40, 128, 7, 1.0f);     // one partial row tile; two groups (fewer than the stages loaded ahead)
     plain(128, 384, 64, 1e5f);   // rows of very different size; six groups (every stage reused)
     grouped(3, 144, 192, 70, 2); // 140 slots over 3 experts: full and partial tiles
     plain(136, 1152, 40, 1.0f);  // 18 groups: the bias product's full window of 16 and a partial one
     plain(128, 2048, 64, 1e5f);  // 32 groups: two full windows (both XB buffers)
-    plain(128, 2560, 64, 1.0f);  // 40 groups: a third, partial window (k_gemm_ws: its buffers' second use)
+    plain(128, 2560, 64, 1.0f);  // 40 groups: a third, partial window (XB buffer 0 reused)
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }

@@ -44,15 +44,13 @@ inline void wg_desc_check(uint64_t desc) {
     }
 }
 // a: this thread's A fragment, or null for A from shared memory (K-major, adesc); tnsp_b: B MN-major.
-// (N = 64; N = 32 for wgmma.m64n32k16: the first 32 columns, d[4j + c] for j < 4)
-template <int N = 64>
-inline void wgmma_m64nNk16_bf16(float (&d)[N / 2], const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
-                                int tnsp_b) {
+inline void wgmma_m64n64k16_bf16(float (&d)[32], const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
+                                 int tnsp_b) {
     const unsigned grp = tid.x >> 7, l = tid.x & 127, nwg = bdim.x / 128;
     if (wg_ex.size() < nwg) wg_ex.resize(nwg);
     if (wg_bar.size() != nwg) wg_bar.assign(nwg, barrier{0, 128, 0});
-    if (grp >= nwg) { // (a block may end in a partial warpgroup, e.g. k_gemm_ws's producer warp, that never calls this)
-        fprintf(stderr, "cuemu: wgmma from thread %u, outside the block's whole warpgroups\n", tid.x);
+    if (bdim.x % 128) {
+        fprintf(stderr, "cuemu: wgmma in a block of %u threads (not whole warpgroups)\n", bdim.x);
         abort();
     }
     wg_desc_check(bdesc);
@@ -85,7 +83,7 @@ inline void wgmma_m64nNk16_bf16(float (&d)[N / 2], const uint32_t *a, uint64_t a
         for (int k = 0; k < 16; k++)
             B[k][n] = tnsp_b ? wg_smem_bf16(start + (uint32_t)(n / 64) * lbo + (uint32_t)(k / 8) * sbo + (uint32_t)(k % 8) * 128 + 2 * (uint32_t)(n % 64))
                              : wg_smem_bf16(start + (uint32_t)(n / 8) * sbo + (uint32_t)(n % 8) * 128 + 2 * (uint32_t)k);
-    for (int j = 0; j < N / 8; j++)
+    for (int j = 0; j < 8; j++)
         for (int c = 0; c < 4; c++) {
             const int h = c >> 1, n = 8 * j + 2 * t + (c & 1);
             float acc = accumulate ? d[4 * j + c] : 0.0f;
@@ -93,9 +91,5 @@ inline void wgmma_m64nNk16_bf16(float (&d)[N / 2], const uint32_t *a, uint64_t a
             d[4 * j + c] = acc;
         }
     arrive(wg_bar[grp]);
-}
-inline void wgmma_m64n64k16_bf16(float (&d)[32], const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
-                                 int tnsp_b) {
-    wgmma_m64nNk16_bf16<64>(d, a, adesc, bdesc, accumulate, tnsp_b);
 }
 } // namespace cuemu
