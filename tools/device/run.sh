@@ -213,6 +213,9 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
                 --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8 > "$OUT/memcheck-tiny.log" 2>&1 || { rc=1; echo "memcheck tiny FAILED"; }
             tail -n 2 "$OUT/memcheck-tiny.log"
         fi
+        compute-sanitizer --tool memcheck --error-exitcode 9 ./build/lilac generate --model /tmp/syn4 --backend cuda \
+            --ids "$(seq -s, 1 2100)" --max-tokens 2 > "$OUT/memcheck-prefill-2100.log" 2>&1 || { rc=1; echo "memcheck prefill 2100 FAILED"; }
+        tail -n 2 "$OUT/memcheck-prefill-2100.log"
         LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-persistent-real-dims.log" 2>&1 || rc=1
         if [ -d .devdata/tiny-hf ]; then
             python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128 > "$OUT/test-hf.log" 2>&1 || rc=1
@@ -337,6 +340,10 @@ if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ -n "$ALL
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         step memcheck-real-dims compute-sanitizer --tool memcheck --error-exitcode 9 \
             ./build/lilac generate --model /tmp/syn4 --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6
+    # a prefill of 2,100 tokens: its routed experts' split inputs (16,800 rows) outgrow the widest row's group
+    # sums, the buffer that was once sized from the latter (session 14)
+    [ -d /tmp/syn4 ] && step memcheck-prefill-2100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        ./build/lilac generate --model /tmp/syn4 --backend cuda --ids "$(seq -s, 1 2100)" --max-tokens 2
 fi
 
 # 2. Benchmarks on the full-size synthetic checkpoint (40 layers, 256 experts, vocab 248,320).

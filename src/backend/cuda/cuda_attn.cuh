@@ -108,15 +108,7 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 
-__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t *>(&v); }
 
-// (a, b) -> packed bf16x2 hi (a in the low half) and lo = (a, b) - hi.
-__device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const float2 hf = __bfloat1622float2(h);
-    hi = bf2_bits(h);
-    lo = bf2_bits(__floats2bfloat162_rn(a - hf.x, b - hf.y));
-}
 
 // Split A times an exact B: c += (ah + al) b, the small term first (one piece: ah b).
 template <int QP>
@@ -193,8 +185,8 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (t < T) v = *reinterpret_cast<const float4 *>(qg + ((int64_t)t * nh + h) * 2 * HD + col);
             uint2 hi, lo;
-            fa::split2(v.x * qscale, v.y * qscale, hi.x, lo.x);
-            fa::split2(v.z * qscale, v.w * qscale, hi.y, lo.y);
+            attn_wg::split(v.x * qscale, v.y * qscale, hi.x, lo.x);
+            attn_wg::split(v.z * qscale, v.w * qscale, hi.y, lo.y);
             *reinterpret_cast<uint2 *>(Qh + row * LDS + col) = hi;
             if (QP == 2) *reinterpret_cast<uint2 *>(Ql + row * LDS + col) = lo;
         }
@@ -264,10 +256,10 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
 #pragma unroll
         for (int ks = 0; ks < BN / 16; ks++) {
             uint32_t ph[4], pl[4];
-            fa::split2(s[8 * ks], s[8 * ks + 1], ph[0], pl[0]);
-            fa::split2(s[8 * ks + 2], s[8 * ks + 3], ph[1], pl[1]);
-            fa::split2(s[8 * ks + 4], s[8 * ks + 5], ph[2], pl[2]);
-            fa::split2(s[8 * ks + 6], s[8 * ks + 7], ph[3], pl[3]);
+            attn_wg::split(s[8 * ks], s[8 * ks + 1], ph[0], pl[0]);
+            attn_wg::split(s[8 * ks + 2], s[8 * ks + 3], ph[1], pl[1]);
+            attn_wg::split(s[8 * ks + 4], s[8 * ks + 5], ph[2], pl[2]);
+            attn_wg::split(s[8 * ks + 6], s[8 * ks + 7], ph[3], pl[3]);
 #pragma unroll
             for (int dp = 0; dp < HD / 16; dp++) {
                 uint32_t vf[4];

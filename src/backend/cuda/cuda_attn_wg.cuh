@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t bf16x2_rn(float a, float b) {
     return *reinterpret_cast<const uint32_t *>(&h);
 #endif
 }
-// (a, b) = hi + lo, two bf16x2 (cuda_attn.cuh's split2).
+// (a, b) = hi + lo, two bf16x2 (a in the low halves); both prefill attention kernels split Q and P so.
 __device__ __forceinline__ void split(float a, float b, uint32_t &hi, uint32_t &lo) {
     hi = bf16x2_rn(a, b);
     lo = bf16x2_rn(a - __uint_as_float(hi << 16), b - __uint_as_float(hi & 0xFFFF0000u));

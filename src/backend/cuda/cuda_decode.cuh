@@ -431,7 +431,7 @@ __device__ __forceinline__ void unit_compute(const mk_gemv *J, int u, const mk_s
                 const uint32_t *src = g == 0 ? xh2 : xl2;
                 const uint32_t b0 = g < 2 ? src[kp] : 0u, b1 = g < 2 ? src[kp + 4] : 0u;
                 const uint32_t a[4] = {pk_frag(wq[ks], 0), pk_frag(wq[ks], 1), pk_frag(wq[ks], 2), pk_frag(wq[ks], 3)};
-                mma_bf16(p, a, b0, b1);
+                mma16816(p, a, b0, b1);
             }
             const uint32_t other = __shfl_down_sync(0xffffffffu, ps, 1);
             const float xg = xsg[G];
