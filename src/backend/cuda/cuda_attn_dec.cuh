@@ -14,8 +14,9 @@
 //    Why: the CUDA-core kernel spends ~1.5 us of arithmetic on a 32-key tile (32 KB of K/V),
 //    so it reads the cache at ~1.9 TB/s at 32k (docs/perf.md, run 60); here a 64-key tile
 //    is ~200 instructions a warp, and the kernel should read at the copy bandwidth.
-//  - k_attn_dec (CUDA cores): warps take keys, lanes take head dims; kept for head sizes
-//    and groups the MMA kernel does not take, and as the comparison.
+//  - k_attn_dec (CUDA cores): warps take keys, lanes take head dims. It serves the same
+//    shapes (hd 128 / 256, G <= 8); kept as the comparison (LILAC_ADEC_MMA=0, and
+//    test_attn runs every case through both against the double reference).
 // Both also do k_attn_prep's work for their token: every block norms and ropes its G
 // query heads, and the last split (the one holding key p) makes p's K/V row, stores it to
 // the cache for later steps and scores it from shared memory: key p weighs now exactly
