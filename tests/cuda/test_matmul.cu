@@ -57,7 +57,8 @@ struct qmat {
     float w(int e, int64_t r, int64_t c) const { return deq[(size_t)(((int64_t)e * rows + r) * cols + c)]; }
 };
 
-static qmat *make_qmat(int64_t rows, int64_t cols, int bits, int group, int experts = 1) {
+// deq = false: no dequantised copy (timing only: the model's 256 experts would take GBs of host memory)
+static qmat *make_qmat(int64_t rows, int64_t cols, int bits, int group, int experts = 1, bool deq = true) {
     qmat *m = new qmat();
     m->bits = bits;
     m->group = group;
@@ -74,8 +75,8 @@ static qmat *make_qmat(int64_t rows, int64_t cols, int bits, int group, int expe
         m->s[i] = __float2bfloat16((0.02f + 0.08f * rnd_unit()) / qmax);
         m->b[i] = __float2bfloat16(rnd_sym(0.05f));
     }
-    m->deq.resize((size_t)(R * cols));
-    for (int64_t row = 0; row < R; row++)
+    if (deq) m->deq.resize((size_t)(R * cols));
+    for (int64_t row = 0; row < (deq ? R : 0); row++)
         for (int64_t c = 0; c < cols; c++) {
             const uint32_t word = m->q[(size_t)(row * (cols * bits / 32) + c * bits / 32)];
             const uint32_t code = (word >> ((c % (32 / bits)) * bits)) & ((1u << bits) - 1u);
@@ -896,6 +897,82 @@ static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
     delete m;
 }
 
+// The routed experts of a prefill chunk as the model launches them: T tokens x KS slots, each token's
+// KS distinct experts drawn uniformly from E (the synth's router is random), the tile map built as
+// k_moe_scan does. Beside it the same multiply-adds as one plain GEMM (R x C over T KS tokens): what
+// grouping costs (partial tiles, each tile's weights).
+static void time_grouped_case(const char *name, int64_t R, int64_t C, int64_t T, int KS, int E) {
+    qmat *m = make_qmat(R, C, 4, 64, E, false);
+    const int64_t S = T * KS;
+    std::vector<int> ex((size_t)S), offs((size_t)E + 1, 0), sorted;
+    std::vector<int2> tl;
+    for (int64_t t = 0; t < T; t++)
+        for (int k = 0; k < KS; k++) {
+            int e;
+            bool dup;
+            do {
+                e = (int)(rnd() % (uint32_t)E);
+                dup = false;
+                for (int j = 0; j < k; j++) dup |= ex[(size_t)(t * KS + j)] == e;
+            } while (dup);
+            ex[(size_t)(t * KS + k)] = e;
+        }
+    std::vector<std::vector<int>> by((size_t)E);
+    for (int64_t sl = 0; sl < S; sl++) by[(size_t)ex[(size_t)sl]].push_back((int)sl);
+    for (int e = 0; e < E; e++) {
+        offs[(size_t)e] = (int)sorted.size();
+        sorted.insert(sorted.end(), by[(size_t)e].begin(), by[(size_t)e].end());
+        for (int n0 = 0; n0 < (int)by[(size_t)e].size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
+    }
+    offs[(size_t)E] = (int)S;
+    const int nt = (int)tl.size();
+    dbuf<float> dx((size_t)(S * C));
+    dx.put(rand_vec((size_t)(S * C), 2.0f));
+    dbuf<__nv_bfloat16> xh((size_t)(S * C)), xl((size_t)(S * C));
+    dbuf<float> xs((size_t)(S * C / 64)), xsig((size_t)(S * C / 64)), dy((size_t)(S * R));
+    dbuf<int8_t> xq((size_t)(G4_NP * S * C));
+    dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(S, (int)(C / 64), 0));
+    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
+    dbuf<int2> dtiles(tl.size());
+    doffs.put(offs);
+    dsorted.put(sorted);
+    dtiles.put(tl);
+    dnt.put(&nt);
+    k_split_x<0><<<(unsigned)S, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, S * C, xsw.p);
+    CKL();
+    const g4_job j = one_job(m, dy.p, xq.p, xsig.p, S * C);
+    // the input rows: slot / KS as the gate/up GEMM reads them (x_div KS, T rows), or slot (the down
+    // projection's SwiGLU rows: x_div 1); both read S rows' worth of tiles
+    const int x_div = C == 2048 ? KS : 1;
+    const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
+    printf("  %-27s %5lld x %-5lld T=%-5lld x %d over %d experts, %d tiles (%.0f%% full):\n", name, (long long)R, (long long)C,
+           (long long)T, KS, E, nt, 100.0 * (double)S / ((double)nt * G4_BN));
+    for (int v = 0; v < (have_wg ? G4_VARIANTS : 1); v++) {
+        for (int plain = 0; plain < 2; plain++) {
+            cudaEvent_t a, b;
+            CK(cudaEventCreate(&a));
+            CK(cudaEventCreate(&b));
+            for (int it = 0; it < 13; it++) {
+                if (it == 3) CK(cudaEventRecord(a));
+                if (plain) g4_launch(v, j, S, xh.p, xl.p, xs.p, xsw.p);
+                else if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, x_div);
+                else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, x_div);
+            }
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            CKL();
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            const double us = 1000.0 * ms / 10;
+            printf("    %s %-8s %8.1f us %5.1f TF/s\n", g4_name(v), plain ? "plain" : "grouped", us,
+                   2.0 * (double)R * (double)C * (double)S / us * 1e-6);
+            CK(cudaEventDestroy(a));
+            CK(cudaEventDestroy(b));
+        }
+    }
+    delete m;
+}
+
 static void run_time_gemm(void) {
     g4_attrs();
     time_gemm_case("GDN in_proj (qkvz+ba)", 12352, 2048, 4096);
@@ -905,6 +982,8 @@ static void run_time_gemm(void) {
     time_gemm_case("expert gate+up, 128 tokens", 1024, 2048, 128);
     time_gemm_case("expert down, 128 tokens", 2048, 512, 128);
     time_gemm_case("shared down", 2048, 512, 4096);
+    time_grouped_case("routed gate+up, 4k", 1024, 2048, 4096, 8, 256);
+    time_grouped_case("routed down, 4k", 2048, 512, 4096, 8, 256);
 }
 
 int main(int argc, char **argv) {

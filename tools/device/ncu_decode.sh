@@ -3,7 +3,7 @@
 # duration of every kernel of the graph-launched decode steps of `lilac bench`
 # on the full-size synth at 4k context (each kernel measured alone, so the sum
 # exceeds the step: PDL overlap is lost). CSV to $OUT/ncu-decode.csv;
-# tools/device/ncu_decode_summary.py groups it by kernel. Run by hand:
+# tools/device/ncu_summary.py groups it by kernel. Run by hand:
 #   bash tools/device/ncu_decode.sh [prompt_len]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,4 +19,4 @@ timeout 500 ncu --clock-control none --csv --print-units base --metrics gpu__tim
     ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$P" --decode-steps 16 --rounds 1 \
     > "$OUT/ncu-decode.csv" 2> "$OUT/ncu-decode.err"
 echo "ncu rc=$? lines=$(wc -l < "$OUT/ncu-decode.csv")"
-python3 tools/device/ncu_decode_summary.py "$OUT/ncu-decode.csv"
+python3 tools/device/ncu_summary.py "$OUT/ncu-decode.csv"
