@@ -165,18 +165,6 @@ static void launch_topk(which w, int T, int E, int K, int norm, const float *lg,
     CKL();
 }
 
-// k_moe_scan with or without the GEMM tile map (its signature gained `tiles,
-// n_tiles` while this test was written): whichever the header declares.
-static bool scan_has_tiles = false;
-[[maybe_unused]] static void launch_scan(void (*k)(int *, int, int *, int *), int *counts, int E, int *offs,
-                                         int *cursor, int2 *, int *) {
-    k<<<1, 32>>>(counts, E, offs, cursor);
-}
-[[maybe_unused]] static void launch_scan(void (*k)(int *, int, int *, int *, int2 *, int *), int *counts, int E,
-                                         int *offs, int *cursor, int2 *tiles, int *n_tiles) {
-    scan_has_tiles = true;
-    k<<<1, 32>>>(counts, E, offs, cursor, tiles, n_tiles);
-}
 enum { TILE = 64 }; // tokens per entry of the tile map
 
 static double worst_rel_w = 0; // largest relative weight difference seen
@@ -256,9 +244,9 @@ static int route_pass(route_bufs &b, which w, int T, int E, int K, int norm, boo
     b.cursor.fill_bytes(0x55); // the scan must reset the cursor whatever it held
     b.tiles.fill_bytes(0x55);
     b.n_tiles.fill_bytes(0x55);
-    launch_scan(k_moe_scan, b.counts.p, E, b.offs.p, b.cursor.p, b.tiles.p, b.n_tiles.p);
+    k_moe_scan<<<1, MOE_SCAN_THREADS>>>(b.counts.p, E, b.offs.p, b.cursor.p, b.tiles.p, b.n_tiles.p);
     CKL();
-    if (scan_has_tiles) { // one (expert, first token) per TILE tokens of each non-empty expert, in expert order
+    { // one (expert, first token) per TILE tokens of each non-empty expert, in expert order
         std::vector<int2> want_tiles;
         for (int e = 0; e < E; e++)
             for (int n0 = 0; n0 < hist[(size_t)e]; n0 += TILE) want_tiles.push_back(make_int2(e, n0));

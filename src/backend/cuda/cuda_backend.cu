@@ -1205,7 +1205,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         combined = shared_done;
     } else {
         // Prefill: count -> scan -> scatter, then grouped tensor-core GEMMs per expert.
-        pdl_launch(s, k_moe_scan, 1, 32, 0, s->counts, E, s->offs, s->cursor, s->tiles, s->n_tiles);
+        pdl_launch(s, k_moe_scan, 1, MOE_SCAN_THREADS, 0, s->counts, E, s->offs, s->cursor, s->tiles, s->n_tiles);
         CKL();
         pdl_launch(s, k_moe_scatter, (slots + 255) / 256, 256, 0, s->topi, slots, s->offs, s->cursor, s->sorted);
         CKL();
@@ -1237,7 +1237,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     prof_mark(s, PH_MOE_EXPERTS);
     if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
     if (combined) return 0;
-    const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H + 255) / 256));
+    const int64_t hw = H % 4 ? H : H / 4; // (k_moe_combine's columns a thread: four where H allows)
+    const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((hw + 255) / 256));
     pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
     return 0;

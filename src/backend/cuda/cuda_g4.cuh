@@ -49,10 +49,11 @@ __device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
 // blockIdx.y is an entry (expert, first token) of the device-built tile map (k_moe_scan); the
 // expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input row is slot / x_div
 // and the output row the slot. Plain mode: token n is row n of the input and of y. False: nothing
-// to do (the whole block returns; the caller has not synchronised yet).
+// to do (the whole block returns; the caller has not synchronised yet). *nn: the tile's tokens
+// (1 .. G4_BN, the first nn of xrow/yrow), where the caller asks.
 __device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *offs, const int *sorted, const int2 *tiles,
                                         const int *n_tiles, int x_div, dmat &W, float *&y, int64_t &ldy, int64_t &m0,
-                                        int *xrow, int *yrow) {
+                                        int *xrow, int *yrow, int *nn = nullptr) {
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     W = job.W[mi];
@@ -69,6 +70,7 @@ __device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *off
     }
     m0 = (int64_t)(blockIdx.x - job.start[mi]) * G4_BM;
     if (n0 >= count || m0 >= W.rows) return false;
+    if (nn) *nn = count - n0 < G4_BN ? count - n0 : G4_BN;
     const int tid = threadIdx.x;
     if (tid < G4_BN) {
         const int n = n0 + tid;

@@ -52,25 +52,17 @@ struct wg_lay {
 };
 constexpr size_t wg_smem() { return (size_t)wg_lay::XB + 2 * wg_lay::XB_W + 1024; } // + alignment slack
 
-// The 4-bit GEMM: arguments and modes (plain / grouped over the expert tile map) as k_gemm_q<4>,
-// reading the input's bf16 parts xh/xl and group sums xsw (k_split_x).
-__global__ void __launch_bounds__(256, 2)
-    k_gemm_wg(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const __nv_bfloat16 *xsw, int T, const int *offs,
-              const int *sorted, const int2 *tiles, const int *n_tiles, int x_div) {
 #if WG_ON
+// One tile of k_gemm_wg (g4_tile placed it: W, y, ldy, m0, xrow, yrow) whose tokens the MMAs cover
+// NB wide (64, or 32 / 16 for a tile of at most that many: an expert's last, partial tile; its
+// absent tokens cost copies of zeros, not multiply-adds). sm: the stages (1024-byte aligned).
+template <int NB>
+__device__ __forceinline__ void wg_tile(const dmat &W, float *y, int64_t ldy, int64_t m0, const int *xrow, const int *yrow,
+                                        const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const __nv_bfloat16 *xsw,
+                                        unsigned char *const sm) {
     using C = wg_lay;
     constexpr int BN = G4_BN;
-    WG_SMEM(wg_smem_raw);
-    __shared__ int xrow[BN], yrow[BN];
-    // the stages from the first 1024-byte boundary (pointer arithmetic on the shared array keeps
-    // loads from it shared-memory loads)
-    unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
     const uint32_t sm_a = smem_u32(sm);
-    pdl_wait();
-    dmat W;
-    float *y;
-    int64_t ldy, m0;
-    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow)) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t K = W.cols, ng = K / 64;
     const int nk = (int)ng;
@@ -145,7 +137,7 @@ __global__ void __launch_bounds__(256, 2)
     };
     auto mma_bias = [&](int w) { // acc += b (64 x 16) x XB window w; the small pieces first
 #pragma unroll
-        for (int pc = 2; pc >= 0; pc--) wg_mma_64x64(acc, ab, dxb + (uint32_t)((w & 1) * C::XB_W + 32 * pc) / 16, 1);
+        for (int pc = 2; pc >= 0; pc--) wg_mma_64xN<NB>(acc, ab, dxb + (uint32_t)((w & 1) * C::XB_W + 32 * pc) / 16, 1);
     };
     load_b(0);
 
@@ -169,8 +161,8 @@ __global__ void __launch_bounds__(256, 2)
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) {
-            wg_mma_64x64(p, a[ks], dl + 2 * ks, ks > 0);
-            wg_mma_64x64(p, a[ks], dh + 2 * ks, 1);
+            wg_mma_64xN<NB>(p, a[ks], dl + 2 * ks, ks > 0);
+            wg_mma_64xN<NB>(p, a[ks], dh + 2 * ks, 1);
         }
         if (bias) {
             mma_bias((kt >> 4) - 1);
@@ -187,7 +179,7 @@ __global__ void __launch_bounds__(256, 2)
         wg_pin(p);
         wg_pin(acc);
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++) {
+        for (int j = 0; j < NB / 8; j++) {
             acc[4 * j + 0] = fmaf(s0, p[4 * j + 0], acc[4 * j + 0]);
             acc[4 * j + 1] = fmaf(s0, p[4 * j + 1], acc[4 * j + 1]);
             acc[4 * j + 2] = fmaf(s1, p[4 * j + 2], acc[4 * j + 2]);
@@ -225,13 +217,37 @@ __global__ void __launch_bounds__(256, 2)
     wg_wait<0>();
     wg_pin(acc);
 #pragma unroll
-    for (int j = 0; j < BN / 8; j++)
+    for (int j = 0; j < NB / 8; j++)
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             const int64_t m = m0 + 16 * warp + g + (c >> 1) * 8;
             const int n = 8 * j + 2 * t + (c & 1);
             if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c];
         }
+}
+#endif
+
+// The 4-bit GEMM: arguments and modes (plain / grouped over the expert tile map) as k_gemm_q<4>,
+// reading the input's bf16 parts xh/xl and group sums xsw (k_split_x).
+__global__ void __launch_bounds__(256, 2)
+    k_gemm_wg(g4_job job, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const __nv_bfloat16 *xsw, int T, const int *offs,
+              const int *sorted, const int2 *tiles, const int *n_tiles, int x_div) {
+#if WG_ON
+    WG_SMEM(wg_smem_raw);
+    __shared__ int xrow[G4_BN], yrow[G4_BN];
+    // the stages from the first 1024-byte boundary (pointer arithmetic on the shared array keeps
+    // loads from it shared-memory loads)
+    unsigned char *const sm = wg_smem_raw + ((1024u - (smem_u32(wg_smem_raw) & 1023u)) & 1023u);
+    pdl_wait();
+    dmat W;
+    float *y;
+    int64_t ldy, m0;
+    int nn;
+    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn)) return;
+    // (run 110: an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
+    if (nn > 32) wg_tile<64>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
+    else if (nn > 16) wg_tile<32>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
+    else wg_tile<16>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
 #else
     (void)job, (void)xh, (void)xl, (void)xsw, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
 #ifdef __CUDA_ARCH__

@@ -1,5 +1,5 @@
-// cuda_wgmma.cuh — Hopper's warpgroup MMA (wgmma) as the kernels use it: the one shape
-// m64n64k16, bf16 in, f32 accumulate, the B operand (and A where it is not in registers)
+// cuda_wgmma.cuh — Hopper's warpgroup MMA (wgmma) as the kernels use it: m64nNk16 (N = 64, and
+// 32 or 16 for a GEMM tile with fewer tokens), bf16 in, f32 accumulate, the B operand (and A where it is not in registers)
 // read by the tensor cores from shared memory through a descriptor, 128-byte swizzled.
 // Users: k_gemm_wg (cuda_gemm_wg.cuh) and k_attn_wg (cuda_attn_wg.cuh).
 //
@@ -82,36 +82,56 @@ __device__ __forceinline__ uint64_t wg_desc_mn(uint32_t a, uint32_t lbo) { // MN
 }
 
 #if WG_ON && !defined(LILAC_CUEMU)
+#define WG_D8 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+#define WG_D16                                                                                                          \
+    WG_D8, "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
 #define WG_D32                                                                                                          \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),         \
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),          \
-        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),         \
-        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+    WG_D16, "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),     \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define WG_D8_S "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define WG_D16_S "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define WG_D32_S                                                                                                        \
     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                                           \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #endif
 
-// d (+)= A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment, in registers) * B (16 x 64,
-// shared memory: K-major, or MN-major with TB = 1); accumulate 0: d = A B.
+// d (+)= A (64 x 16: this warp's 16 rows as an m16n8k16 A fragment, in registers) * B (16 x N,
+// shared memory: K-major, or MN-major with TB = 1); accumulate 0: d = A B. N = 16, 32 or 64: the
+// columns past N (registers d[N/2 ..]) are left as they are.
 // d[4j + c]: row 16 (warp in the group) + lane / 4 + 8 (c >> 1), column 8j + 2 (lane % 4) + (c & 1).
-template <int TB = 0>
-__device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+template <int N = 64, int TB = 0>
+__device__ __forceinline__ void wg_mma_64xN(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    static_assert(N == 16 || N == 32 || N == 64, "wgmma widths: 16, 32, 64");
 #ifdef LILAC_CUEMU
-    cuemu::wgmma_m64n64k16_bf16(d, a, 0, desc, accumulate, TB);
+    cuemu::wgmma_m64nNk16_bf16(d, N, a, 0, desc, accumulate, TB);
 #elif WG_ON
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32_S ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-                 : WG_D32
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+    if constexpr (N == 64)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32_S ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+                     : WG_D32
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+    else if constexpr (N == 32)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " WG_D16_S ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+                     : WG_D16
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_D8_S ", {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+                     : WG_D8
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(TB));
 #else
     (void)d, (void)a, (void)desc, (void)accumulate;
 #endif
 }
+template <int TB = 0>
+__device__ __forceinline__ void wg_mma_64x64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+    wg_mma_64xN<64, TB>(d, a, desc, accumulate);
+}
 // The same with A (64 x 16, K-major) from shared memory too.
 __device__ __forceinline__ void wg_mma_64x64_ss(float (&d)[32], uint64_t adesc, uint64_t bdesc, int accumulate) {
 #ifdef LILAC_CUEMU
-    cuemu::wgmma_m64n64k16_bf16(d, nullptr, adesc, bdesc, accumulate, 0);
+    cuemu::wgmma_m64nNk16_bf16(d, 64, nullptr, adesc, bdesc, accumulate, 0);
 #elif WG_ON
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WG_D32_S ", %32, %33, p, 1, 1, 0, 0;\n}\n"

@@ -223,6 +223,12 @@ int main(void) {
     plain(136, 1152, 40, 1.0f);  // 18 groups: the bias product's full window of 16 and a partial one
     plain(128, 2048, 64, 1e5f);  // 32 groups: two full windows (both XB buffers)
     plain(128, 2560, 64, 1.0f);  // 40 groups: a third, partial window (XB buffer 0 reused)
+    // the narrower MMAs of a tile of few tokens (16 wide up to 16 tokens, 32 up to 32), at each edge
+    plain(40, 128, 17, 1.0f);    // 17: 32 wide
+    plain(128, 384, 80, 1e5f);   // a second tile of 16: 16 wide, full
+    plain(136, 1152, 32, 1.0f);  // 32: 32 wide, full; 18 groups
+    plain(200, 256, 97, 1.0f);   // a second tile of 33: 64 wide
+    grouped(5, 144, 192, 70, 2); // 28 slots an expert: 32 wide
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }

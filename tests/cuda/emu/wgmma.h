@@ -1,6 +1,7 @@
 // emu/wgmma.h — a CPU stand-in for the warpgroup MMA of src/backend/cuda/cuda_wgmma.cuh,
 // wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 with A from registers or from shared
-// memory and B from shared memory, K-major or MN-major (transposed), for the emulator of
+// memory and B from shared memory, K-major or MN-major (transposed), and the narrower m64n32k16 and
+// m64n16k16 (the first N columns: D's registers past N/2 untouched), for the emulator of
 // cuda_runtime.h beside it.
 //
 // The warpgroup's 128 threads each hand in their share of A (64 x 16) and of D (64 x 64):
@@ -44,8 +45,8 @@ inline void wg_desc_check(uint64_t desc) {
     }
 }
 // a: this thread's A fragment, or null for A from shared memory (K-major, adesc); tnsp_b: B MN-major.
-inline void wgmma_m64n64k16_bf16(float (&d)[32], const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
-                                 int tnsp_b) {
+inline void wgmma_m64nNk16_bf16(float (&d)[32], int N, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
+                                int tnsp_b) {
     const unsigned grp = tid.x >> 7, l = tid.x & 127, nwg = bdim.x / 128;
     if (wg_ex.size() < nwg) wg_ex.resize(nwg);
     if (wg_bar.size() != nwg) wg_bar.assign(nwg, barrier{0, 128, 0});
@@ -83,7 +84,7 @@ inline void wgmma_m64n64k16_bf16(float (&d)[32], const uint32_t *a, uint64_t ade
         for (int k = 0; k < 16; k++)
             B[k][n] = tnsp_b ? wg_smem_bf16(start + (uint32_t)(n / 64) * lbo + (uint32_t)(k / 8) * sbo + (uint32_t)(k % 8) * 128 + 2 * (uint32_t)(n % 64))
                              : wg_smem_bf16(start + (uint32_t)(n / 8) * sbo + (uint32_t)(n % 8) * 128 + 2 * (uint32_t)k);
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < N / 8; j++)
         for (int c = 0; c < 4; c++) {
             const int h = c >> 1, n = 8 * j + 2 * t + (c & 1);
             float acc = accumulate ? d[4 * j + c] : 0.0f;
