@@ -826,6 +826,79 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     CHECKF(e <= BAR, "gemm_%s<4> grouped T=%lld: rel err %.3e", g4_name(v), (long long)T, e);
 }
 
+// k_gemm_wg's swiglu job (cuda_g4.cuh), as the prefill MoE launches it: gate and up (E experts of I x C)
+// in one block, SwiGLU's split of the down projection's input out of the epilogue. Against the unfused
+// path on the device (the pair GEMM's gu, then k_split_x<1>): the same bytes, parts and group sums.
+// E > 1: grouped over a tile map (T tokens x KS slots, slot s to expert (7s + s/5) % E); else plain.
+static void gemm_pair_case(int E, int64_t I, int64_t C, int64_t T, int KS) {
+    qmat *gm = make_qmat(I, C, 4, 64, E), *um = make_qmat(I, C, 4, 64, E);
+    const int64_t S = T * KS;
+    std::vector<int> offs((size_t)E + 1, 0), sorted;
+    std::vector<int2> tl;
+    for (int e = 0; e < E; e++) {
+        offs[(size_t)e] = (int)sorted.size();
+        for (int64_t sl = 0; sl < S; sl++)
+            if ((int)((7 * sl + sl / 5) % E) == e) sorted.push_back((int)sl);
+        for (int n0 = 0; offs[(size_t)e] + n0 < (int)sorted.size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
+    }
+    offs[(size_t)E] = (int)S;
+    const int nt = (int)tl.size();
+    const bool grouped = E > 1;
+    dbuf<float> dx((size_t)(T * C));
+    dx.put(rand_vec((size_t)(T * C), 2.0f));
+    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C)), xsw((size_t)wg_xsw_win(T, (int)(C / 64), 0));
+    dbuf<float> xs((size_t)(T * C / 64));
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, nullptr, nullptr, 0, xsw.p);
+    CKL();
+    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
+    dbuf<int2> dtiles(tl.size());
+    doffs.put(offs);
+    dsorted.put(sorted);
+    dtiles.put(tl);
+    dnt.put(&nt);
+    const int *po = grouped ? doffs.p : nullptr, *ps = grouped ? dsorted.p : nullptr, *pn = grouped ? dnt.p : nullptr;
+    const int2 *pt = grouped ? dtiles.p : nullptr;
+    const unsigned gy = grouped ? (unsigned)nt + 2 : (unsigned)((T + G4_BN - 1) / G4_BN);
+    // unfused: gu[slot] = (gate | up), then k_split_x<1>
+    dbuf<float> gu((size_t)(S * 2 * I));
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 2;
+    j.W[0] = gm->W, j.W[1] = um->W;
+    j.y[0] = gu.p, j.y[1] = gu.p + I;
+    j.ldy[0] = j.ldy[1] = 2 * I;
+    j.start[1] = (int)((I + G4_BM - 1) / G4_BM), j.start[2] = 2 * j.start[1];
+    k_gemm_wg<<<dim3((unsigned)j.start[2], gy), 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, po, ps, pt, pn, KS);
+    CKL();
+    const int ngd = (int)(I / 64);
+    dbuf<__nv_bfloat16> wh((size_t)(S * I)), wl((size_t)(S * I)), wsw((size_t)wg_xsw_win(S, ngd, 0));
+    dbuf<float> ws((size_t)(S * ngd));
+    k_split_x<1><<<(unsigned)S, 256>>>(gu.p, 2 * I, I, I, wh.p, wl.p, ws.p, nullptr, nullptr, 0, wsw.p);
+    CKL();
+    // the pair
+    dbuf<__nv_bfloat16> oh((size_t)(S * I)), ol((size_t)(S * I)), osw((size_t)wg_xsw_win(S, ngd, 0));
+    oh.fill_bytes(0xFF), ol.fill_bytes(0xFF), osw.fill_bytes(0xFF); // NaN: every value must be written
+    g4_job pj = j;
+    pj.swiglu = 1;
+    pj.start[1] = pj.start[2] = ngd;
+    pj.oh = oh.p, pj.ol = ol.p, pj.osw = osw.p;
+    k_gemm_wg<<<dim3((unsigned)ngd, gy), 256, wg_smem()>>>(pj, xh.p, xl.p, xsw.p, (int)T, po, ps, pt, pn, KS);
+    CKL();
+    size_t bad = 0;
+    const auto same = [&](dbuf<__nv_bfloat16> &a, dbuf<__nv_bfloat16> &b) {
+        const std::vector<__nv_bfloat16> va = a.get(), vb = b.get();
+        for (size_t i = 0; i < va.size(); i++) bad += memcmp(&va[i], &vb[i], 2) != 0;
+    };
+    same(oh, wh);
+    same(ol, wl);
+    same(osw, wsw);
+    printf("  gemm_wg<4> swiglu pair %s: %d expert(s) of %lld x %lld, %lld tokens x %d: %zu values differ from gu + k_split_x<1>\n",
+           grouped ? "grouped" : "plain", E, (long long)I, (long long)C, (long long)T, KS, bad);
+    CHECKF(bad == 0, "gemm_wg swiglu pair (E %d, I %lld, T %lld): %zu values differ", E, (long long)I, (long long)T, bad);
+    delete gm;
+    delete um;
+}
+
 static void test_gemm_q(void) {
     g4_attrs();
     qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
@@ -855,6 +928,11 @@ static void test_gemm_q(void) {
         qmat *s1[1] = {small};
         gemm_case(70, 1, s1, 0, 0.0f, v);
         gemm_grouped_case(quick ? 50 : 150, 2, ex, v);
+    }
+    if (have_wg) {
+        gemm_pair_case(1, 512, 2048, 70, 1);            // the model's expert shape, plain: 64 + 6 tokens
+        gemm_pair_case(5, 128, 256, quick ? 60 : 150, 2); // grouped (partial tiles 16 and 32 wide); 2 groups
+        gemm_pair_case(3, 1152, 128, 40, 2);            // 18 groups of the down's input: a partial window
     }
     delete small;
     delete ex;

@@ -343,6 +343,9 @@ struct lilac_session {
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
     int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
     bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
+    bool gemm_pair;           // with gemm_wg: the routed gate/up GEMM writes the down projection's split input itself
+                              // (a swiglu job, cuda_g4.cuh) into dh/dl/dsw; LILAC_GEMM_PAIR=0: gu, then k_split_x<1>
+    __nv_bfloat16 *dh, *dl, *dsw;
     bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
     bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
@@ -695,6 +698,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     }
     const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
     s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
+    const char *e_gp = getenv("LILAC_GEMM_PAIR");
+    s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
     if (const char *e = getenv("LILAC_ABLATE")) {
@@ -748,6 +753,9 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         ok = ok && dalloc(s, &s->xh, (size_t)(C * w), err) == 0 && dalloc(s, &s->xl, (size_t)(C * w), err) == 0 &&
              dalloc(s, &s->xsum, (size_t)(C * w / 64), err) == 0 &&
              (!s->gemm_wg || dalloc(s, &s->xsw, (size_t)s->xsw_n, err) == 0) &&
+             (!s->gemm_pair || (dalloc(s, &s->dh, (size_t)(C * K * c->moe_inter), err) == 0 &&
+                                dalloc(s, &s->dl, (size_t)(C * K * c->moe_inter), err) == 0 &&
+                                dalloc(s, &s->dsw, (size_t)wg_xsw_win(C * K, (int)(c->moe_inter / 64), 0), err) == 0)) &&
              (s->gemm_wg || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
                              dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
@@ -859,8 +867,10 @@ static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, 
 // The quantized tensor-core GEMM (cuda_gemm.cuh) for n matrices of the same bit
 // width reading the split input now in xh/xl. Grouped (max_tiles > 0): over the
 // expert tile map, at most max_tiles entries.
+// in: the split input (xh, xl, xsw) when not s->xh/xl/xsw. pair (n = 2, gemm_wg): W[0] and W[1] a gate and
+// an up matrix, whose SwiGLU goes split into pair[0..2] (oh, ol, osw) instead of y (a swiglu job, cuda_g4.cuh).
 static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const int64_t *ldy, int T, const int *offs,
-                  int max_tiles, int x_div, lilac_err *err) {
+                  int max_tiles, int x_div, lilac_err *err, __nv_bfloat16 *const *in = nullptr, __nv_bfloat16 *const *pair = nullptr) {
     g4_job j;
     memset(&j, 0, sizeof j);
     j.n = n;
@@ -873,16 +883,24 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
         j.ldy[i] = ldy[i];
         j.start[i + 1] = j.start[i] + (int)((W[i].rows + G4_BM - 1) / G4_BM);
     }
+    if (pair) {
+        if (n != 2 || !s->gemm_wg || W[0].bits != 4 || W[0].rows != W[1].rows || W[0].rows % 64)
+            return lilac_fail(err, "internal: a SwiGLU pair GEMM of %lld and %lld rows", (long long)W[0].rows, (long long)W[1].rows);
+        j.swiglu = 1;
+        j.start[1] = j.start[2] = (int)(W[0].rows / 64);
+        j.oh = pair[0], j.ol = pair[1], j.osw = pair[2];
+    }
     const dim3 g((unsigned)j.start[n], max_tiles > 0 ? (unsigned)max_tiles : (unsigned)((T + G4_BN - 1) / G4_BN));
     const int2 *tiles = max_tiles > 0 ? s->tiles : nullptr;
     const int *nt = max_tiles > 0 ? s->n_tiles : nullptr;
-    const __nv_bfloat16 *xh = (const __nv_bfloat16 *)s->xh, *xl = (const __nv_bfloat16 *)s->xl;
+    const __nv_bfloat16 *xh = in ? in[0] : (const __nv_bfloat16 *)s->xh, *xl = in ? in[1] : (const __nv_bfloat16 *)s->xl;
+    const __nv_bfloat16 *xsw = in ? in[2] : (const __nv_bfloat16 *)s->xsw;
+    if (in && !s->gemm_wg) return lilac_fail(err, "internal: a GEMM input other than xh/xl without gemm_wg");
     if (W[0].bits == 8)
         pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
     else if (s->gemm_wg)
-        pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, (const __nv_bfloat16 *)s->xsw, T, offs, (const int *)s->sorted,
-                   tiles, nt, x_div);
+        pdl_launch(s, k_gemm_wg, g, 256, wg_smem(), j, xh, xl, xsw, T, offs, (const int *)s->sorted, tiles, nt, x_div);
     else
         pdl_launch(s, k_gemm_q<4>, g, 256, g4_smem<4>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
@@ -1217,12 +1235,19 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             const dmat Wgu[2] = {d.exp_gate, d.exp_up};
             float *const Ygu[2] = {s->gu, s->gu + I};
             const int64_t Lgu[2] = {2 * I, 2 * I};
-            if (gemm_q(s, 2, Wgu, Ygu, Lgu, T, s->offs, max_tiles, K, err) < 0) return -1;
-            // down: its input is SwiGLU of each slot's gate/up row
-            if (split_x(s, s->gu, 2 * I, I, XM_SWIGLU, slots, I, err) < 0) return -1;
             float *const Yd[1] = {s->ye};
             const int64_t Ld[1] = {H};
-            if (gemm_q(s, 1, &d.exp_down, Yd, Ld, T, s->offs, max_tiles, 1, err) < 0) return -1;
+            if (s->gemm_pair && d.exp_gate.bits == 4) { // gate and up in one block, the down's input split in its epilogue (run 110: k_split_x<1> 3.3 ms at 4k)
+                __nv_bfloat16 *const dx[3] = {s->dh, s->dl, s->dsw};
+                if (gemm_q(s, 2, Wgu, Ygu, Lgu, T, s->offs, max_tiles, K, err, nullptr, dx) < 0 ||
+                    gemm_q(s, 1, &d.exp_down, Yd, Ld, T, s->offs, max_tiles, 1, err, dx) < 0)
+                    return -1;
+            } else {
+                if (gemm_q(s, 2, Wgu, Ygu, Lgu, T, s->offs, max_tiles, K, err) < 0) return -1;
+                // down: its input is SwiGLU of each slot's gate/up row
+                if (split_x(s, s->gu, 2 * I, I, XM_SWIGLU, slots, I, err) < 0) return -1;
+                if (gemm_q(s, 1, &d.exp_down, Yd, Ld, T, s->offs, max_tiles, 1, err) < 0) return -1;
+            }
         } else {
             dim3 g((unsigned)((I + TC_BM - 1) / TC_BM), (unsigned)((T + TC_BN - 1) / TC_BN), (unsigned)E);
             pdl_launch(s, k_gemm_tc<XM_PLAIN>, g, 128, 0, d.exp_gate, s->xn, H, 0, s->gu, 2 * I, T, s->offs, s->sorted, K);

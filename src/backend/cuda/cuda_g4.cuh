@@ -23,7 +23,17 @@ struct g4_job {
     const int8_t *xq;   // 4-bit: the pieces, [piece][row][cols] in the K order of the packed codes (k_split_x)
     const float *xsig;  // 4-bit: sigma per row and group, [row][cols/64]
     int64_t xq_plane;   // bytes from one piece's plane to the next
+    // k_gemm_wg only, swiglu = 1: W[0] and W[1] are a gate and an up matrix of the same rows (a multiple
+    // of 64). Block x computes rows [64 x, 64 x + 64) of both and, instead of y, writes
+    // h = silu(gate) * up for its tokens as the input of the GEMM after it, split as k_split_x<1> would
+    // (bf16 parts oh/ol [row][rows], group sums osw; the row: the token's output row, e.g. its slot).
+    int swiglu;
+    __nv_bfloat16 *oh, *ol, *osw;
 };
+
+// SwiGLU of one element, the one expression k_split_x<1> and k_gemm_wg's swiglu epilogue share (the
+// same bits from both).
+__host__ __device__ __forceinline__ float g4_swiglu(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
 // k_gemm_wg's group sums (k_split_x writes them): per input row, windows of 16 groups of 48 bf16,
 // the sum of group 16 w + k as three pieces (hi, mid, lo: 2^-24) at k, 16 + k and 32 + k. Where
@@ -50,10 +60,11 @@ __device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
 // expert's tokens are the routing slots sorted[offs[e] .. offs[e+1]), the input row is slot / x_div
 // and the output row the slot. Plain mode: token n is row n of the input and of y. False: nothing
 // to do (the whole block returns; the caller has not synchronised yet). *nn: the tile's tokens
-// (1 .. G4_BN, the first nn of xrow/yrow), where the caller asks.
+// (1 .. G4_BN, the first nn of xrow/yrow), where the caller asks. A swiglu job: 64 rows of matrix 0 a
+// block (m0 a multiple of 64), and matrix 1 (the same expert's) in *W2 (untouched otherwise).
 __device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *offs, const int *sorted, const int2 *tiles,
                                         const int *n_tiles, int x_div, dmat &W, float *&y, int64_t &ldy, int64_t &m0,
-                                        int *xrow, int *yrow, int *nn = nullptr) {
+                                        int *xrow, int *yrow, int *nn = nullptr, dmat *W2 = nullptr) {
     int mi = 0;
     while (mi + 1 < job.n && (int)blockIdx.x >= job.start[mi + 1]) mi++;
     W = job.W[mi];
@@ -67,8 +78,11 @@ __device__ __forceinline__ bool g4_tile(const g4_job &job, int T, const int *off
         count = offs[tl.x + 1] - base;
         n0 = tl.y;
         W = dmat_expert(W, tl.x);
+        if (W2 && job.swiglu) *W2 = dmat_expert(job.W[1], tl.x);
+    } else if (W2 && job.swiglu) {
+        *W2 = job.W[1];
     }
-    m0 = (int64_t)(blockIdx.x - job.start[mi]) * G4_BM;
+    m0 = (int64_t)(blockIdx.x - job.start[mi]) * (job.swiglu ? G4_BM / 2 : G4_BM);
     if (n0 >= count || m0 >= W.rows) return false;
     if (nn) *nn = count - n0 < G4_BN ? count - n0 : G4_BN;
     const int tid = threadIdx.x;

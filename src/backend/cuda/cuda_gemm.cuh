@@ -123,10 +123,10 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
         float4 v = in ? *(const float4 *)(xr + c) : make_float4(0.f, 0.f, 0.f, 0.f);
         if (XM == 1) {
             const float4 u = in ? *(const float4 *)(xr + xoff + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-            v.x = v.x / (1.0f + expf(-v.x)) * u.x;
-            v.y = v.y / (1.0f + expf(-v.y)) * u.y;
-            v.z = v.z / (1.0f + expf(-v.z)) * u.z;
-            v.w = v.w / (1.0f + expf(-v.w)) * u.w;
+            v.x = g4_swiglu(v.x, u.x);
+            v.y = g4_swiglu(v.y, u.y);
+            v.z = g4_swiglu(v.z, u.z);
+            v.w = g4_swiglu(v.w, u.w);
         }
         if (!in) v = make_float4(0.f, 0.f, 0.f, 0.f);
         const float e[4] = {v.x, v.y, v.z, v.w};

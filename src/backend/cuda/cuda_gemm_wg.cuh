@@ -56,10 +56,12 @@ constexpr size_t wg_smem() { return (size_t)wg_lay::XB + 2 * wg_lay::XB_W + 1024
 // One tile of k_gemm_wg (g4_tile placed it: W, y, ldy, m0, xrow, yrow) whose tokens the MMAs cover
 // NB wide (64, or 32 / 16 for a tile of at most that many: an expert's last, partial tile; its
 // absent tokens cost copies of zeros, not multiply-adds). sm: the stages (1024-byte aligned).
-template <int NB>
-__device__ __forceinline__ void wg_tile(const dmat &W, float *y, int64_t ldy, int64_t m0, const int *xrow, const int *yrow,
-                                        const __nv_bfloat16 *xh, const __nv_bfloat16 *xl, const __nv_bfloat16 *xsw,
-                                        unsigned char *const sm) {
+// PAIR (a swiglu job, cuda_g4.cuh): warpgroup 0 computes 64 rows of W (the gate), warpgroup 1 the
+// same rows of W2 (the up), and the epilogue writes SwiGLU's split instead of y.
+template <int NB, bool PAIR>
+__device__ __forceinline__ void wg_tile(const g4_job &job, const dmat &W, const dmat &W2, float *y, int64_t ldy, int64_t m0,
+                                        const int *xrow, const int *yrow, const __nv_bfloat16 *xh, const __nv_bfloat16 *xl,
+                                        const __nv_bfloat16 *xsw, unsigned char *const sm) {
     using C = wg_lay;
     constexpr int BN = G4_BN;
     const uint32_t sm_a = smem_u32(sm);
@@ -68,17 +70,23 @@ __device__ __forceinline__ void wg_tile(const dmat &W, float *y, int64_t ldy, in
     const int nk = (int)ng;
 
     // This thread's copies of a stage, from sources that advance by a group per stage (absent rows:
-    // a valid address, never advanced, zero-filled): a 16-byte chunk of codes (row block `warp`);
-    // XC chunks of each input part (token ln, chunks lc ..; to their swizzled places); tid < 32:
-    // 4 rows' scale/bias pairs.
+    // a valid address, never advanced, zero-filled): a 16-byte chunk of codes (row block `warp`: of
+    // W, or with PAIR row block warp % 4 of W or W2 by warpgroup); XC chunks of each input part (token
+    // ln, chunks lc ..; to their swizzled places); tid < 32: 4 rows' scale/bias pairs (row block tid / 4).
     constexpr int XC = BN * 8 / 256;
     const int ln = (tid * XC) >> 3, lc = (tid * XC) & 7;
     const int xr_l = xrow[ln];
-    const bool q_ok = m0 / 16 + warp < W.pk_rb, x_ok = xr_l >= 0;
-    const bool sb_on = tid < 32, sb_ok = sb_on && m0 / 16 + (tid >> 2) < W.pk_rb;
-    const uint4 *q_p = W.pk + (q_ok ? (m0 / 16 + warp) * ng * 32 + lane : 0);
+    const int sbi = (tid >> 2) & 7;
+    // (fields picked one by one: a reference picked between W and W2 would put both on the stack)
+    const bool q2 = PAIR && warp >= 4, s2 = PAIR && sbi >= 4;
+    const uint4 *const q_pk = q2 ? W2.pk : W.pk;
+    const uint32_t *const q_psb = q2 ? W2.psb : W.psb, *const s_psb = s2 ? W2.psb : W.psb;
+    const int64_t rbq = m0 / 16 + (PAIR ? warp & 3 : warp), rbs = m0 / 16 + (PAIR ? sbi & 3 : sbi);
+    const bool q_ok = rbq < (q2 ? W2.pk_rb : W.pk_rb), x_ok = xr_l >= 0;
+    const bool sb_on = tid < 32, sb_ok = sb_on && rbs < (s2 ? W2.pk_rb : W.pk_rb);
+    const uint4 *q_p = q_pk + (q_ok ? rbq * ng * 32 + lane : 0);
     const __nv_bfloat16 *xh_p = xh + (x_ok ? (int64_t)xr_l * K + lc * 8 : 0), *xl_p = xl + (xh_p - xh);
-    const uint32_t *sb_p = W.psb + (sb_ok ? (m0 / 16 + (tid >> 2)) * ng * 16 + (tid & 3) * 4 : 0);
+    const uint32_t *sb_p = s_psb + (sb_ok ? rbs * ng * 16 + (tid & 3) * 4 : 0);
     uint32_t x_dst[XC];
 #pragma unroll
     for (int h = 0; h < XC; h++) x_dst[h] = (uint32_t)(ln * 128 + (((lc + h) ^ (ln & 7)) << 4));
@@ -122,7 +130,7 @@ __device__ __forceinline__ void wg_tile(const dmat &W, float *y, int64_t ldy, in
     // sums as three bf16 pieces (2^-24, an f32's precision) from k_split_x, copied into XB as the
     // window starts (a partial last window's empty slots are zero there).
     uint32_t ab[4], bw[8];
-    const uint32_t *const bsrc = q_ok ? W.psb + (m0 / 16 + warp) * ng * 16 + g : nullptr;
+    const uint32_t *const bsrc = q_ok ? q_psb + rbq * ng * 16 + g : nullptr;
     auto load_b = [&](int w) { // bw[2r + h]: register r's half h
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -216,14 +224,65 @@ __device__ __forceinline__ void wg_tile(const dmat &W, float *y, int64_t ldy, in
     wg_commit();
     wg_wait<0>();
     wg_pin(acc);
+    if constexpr (!PAIR) {
 #pragma unroll
-    for (int j = 0; j < NB / 8; j++)
+        for (int j = 0; j < NB / 8; j++)
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
-            const int64_t m = m0 + 16 * warp + g + (c >> 1) * 8;
-            const int n = 8 * j + 2 * t + (c & 1);
-            if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c];
+            for (int c = 0; c < 4; c++) {
+                const int64_t m = m0 + 16 * warp + g + (c >> 1) * 8;
+                const int n = 8 * j + 2 * t + (c & 1);
+                if (m < W.rows && yrow[n] >= 0) y[(int64_t)yrow[n] * ldy + m] = acc[4 * j + c];
+            }
+    } else {
+        // SwiGLU's split, as k_split_x<1> makes it (the same expressions, so the same bits): the gate's
+        // and the up's outputs through shared memory (the stages, free once every warp's MMAs are done;
+        // [warpgroup][token][row], rows padded to 68 floats: the fragment stores and the float4 loads
+        // conflict-free), then per token 16 threads of 4 columns each, which are one group of 64 columns
+        // of the next GEMM's input (its group sum a 16-lane shuffle, as in k_split_x).
+        (void)y, (void)ldy;
+        constexpr int LD = 68;
+        float *const E = (float *)sm;
+        __syncthreads();
+        const int wg = warp >> 2, r0 = 16 * (warp & 3) + g;
+#pragma unroll
+        for (int j = 0; j < NB / 8; j++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) E[(wg * 64 + 8 * j + 2 * t + (c & 1)) * LD + r0 + 8 * (c >> 1)] = acc[4 * j + c];
+        __syncthreads();
+        const int64_t I = W.rows;
+        const int ngd = (int)(I / 64), G = (int)(m0 / 64), c4 = 4 * (tid & 15);
+#pragma unroll
+        for (int q = 0; q < NB / 16; q++) {
+            const int n = 16 * q + (tid >> 4), row = yrow[n];
+            const float4 gv = *(const float4 *)&E[n * LD + c4], uv = *(const float4 *)&E[(64 + n) * LD + c4];
+            const float e[4] = {g4_swiglu(gv.x, uv.x), g4_swiglu(gv.y, uv.y), g4_swiglu(gv.z, uv.z), g4_swiglu(gv.w, uv.w)};
+            uint32_t hb[4], lb[4]; // (bits, not __nv_bfloat16 arrays: those would live on the stack)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                hb[i] = wg_bf16_rn(e[i]);
+                lb[i] = wg_bf16_rn(e[i] - __uint_as_float(hb[i] << 16));
+            }
+            if (row >= 0) {
+                *(uint2 *)(job.oh + (int64_t)row * I + m0 + c4) = make_uint2(hb[0] | hb[1] << 16, hb[2] | hb[3] << 16);
+                *(uint2 *)(job.ol + (int64_t)row * I + m0 + c4) = make_uint2(lb[0] | lb[1] << 16, lb[2] | lb[3] << 16);
+            }
+            float sum = (e[0] + e[1]) + (e[2] + e[3]);
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (row >= 0 && (tid & 15) == 0) { // sum = hi + mid + lo, 2^-24
+                const int64_t at = wg_xsw_win(row, ngd, G / 16) + G % 16;
+                const __nv_bfloat16 sh = __float2bfloat16(sum), sm2 = __float2bfloat16(sum - __bfloat162float(sh));
+                job.osw[at] = sh;
+                job.osw[at + 16] = sm2;
+                job.osw[at + 32] = __float2bfloat16(sum - __bfloat162float(sh) - __bfloat162float(sm2));
+            }
         }
+        if ((ngd & 15) && G == ngd - 1) // a partial last window's empty slots (k_split_x's zeros)
+            for (int i = tid; i < NB * 48; i += 256) {
+                const int n = i / 48, k = i % 48, row = yrow[n];
+                if (row >= 0 && (k & 15) >= (ngd & 15)) job.osw[wg_xsw_win(row, ngd, (ngd - 1) / 16) + k] = __float2bfloat16(0.0f);
+            }
+    }
 }
 #endif
 
@@ -243,11 +302,20 @@ __global__ void __launch_bounds__(256, 2)
     float *y;
     int64_t ldy, m0;
     int nn;
-    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn)) return;
+    dmat W2{};
+    if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn, &W2)) return;
     // (run 110: an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
-    if (nn > 32) wg_tile<64>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
-    else if (nn > 16) wg_tile<32>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
-    else wg_tile<16>(W, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm);
+#define WG_TILE(NB, PAIR) wg_tile<NB, PAIR>(job, W, W2, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm)
+    if (job.swiglu) {
+        if (nn > 32) WG_TILE(64, true);
+        else if (nn > 16) WG_TILE(32, true);
+        else WG_TILE(16, true);
+    } else {
+        if (nn > 32) WG_TILE(64, false);
+        else if (nn > 16) WG_TILE(32, false);
+        else WG_TILE(16, false);
+    }
+#undef WG_TILE
 #else
     (void)job, (void)xh, (void)xl, (void)xsw, (void)T, (void)offs, (void)sorted, (void)tiles, (void)n_tiles, (void)x_div;
 #ifdef __CUDA_ARCH__

@@ -214,6 +214,98 @@ static void grouped(int E, int64_t R, int64_t K, int64_t T, int KS) {
     delete m;
 }
 
+// A swiglu job (cuda_g4.cuh): gate and up matrices of the same rows, the epilogue writing
+// h = silu(gate) * up split for the next GEMM. Against k_split_x<1>'s arithmetic (written out here)
+// on the same kernel's plain outputs of each matrix: the same bits, parts and group sums alike.
+static void launch_wg(const g4_job &j, const xin &x, int64_t T, const int *offs, const int *sorted, const std::vector<int2> &tl,
+                      int x_div, unsigned gx) {
+    const int nt = (int)tl.size();
+    const __nv_bfloat16 *xh = x.xh.data(), *xl = x.xl.data(), *xs = x.xsw.data();
+    int Ti = (int)T;
+    const int *n_tiles = tl.empty() ? nullptr : &nt;
+    const int2 *tiles = tl.empty() ? nullptr : tl.data();
+    void *args[] = {(void *)&j, &xh, &xl, &xs, &Ti, &offs, &sorted, &tiles, &n_tiles, &x_div};
+    const dim3 g(gx, tiles ? (unsigned)nt + 2 : (unsigned)((T + G4_BN - 1) / G4_BN));
+    cudaLaunchKernel(k_gemm_wg, g, dim3(256), args, wg_smem());
+}
+static void pair_case(int E, int64_t I, int64_t K, int64_t T, int KS) {
+    qw *gm = make_qw(E, I, K), *um = make_qw(E, I, K);
+    const xin x = make_x(T, K, 1.0f);
+    const int S = (int)(T * KS);
+    std::vector<int> offs, sorted;
+    std::vector<int2> tl;
+    if (E > 1) { // grouped, slot s to expert (7s + s/5) % E
+        offs.assign((size_t)E + 1, 0);
+        for (int e = 0; e < E; e++) {
+            offs[(size_t)e] = (int)sorted.size();
+            for (int sl = 0; sl < S; sl++)
+                if ((7 * sl + sl / 5) % E == e) sorted.push_back(sl);
+            for (int n0 = 0; offs[(size_t)e] + n0 < (int)sorted.size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
+        }
+        offs[(size_t)E] = S;
+    }
+    const int *po = E > 1 ? offs.data() : nullptr, *ps = E > 1 ? sorted.data() : nullptr;
+    // each matrix alone (plain outputs)
+    std::vector<float> yg((size_t)(S * I), NAN), yu((size_t)(S * I), NAN);
+    for (int w = 0; w < 2; w++) {
+        g4_job j;
+        memset(&j, 0, sizeof j);
+        j.n = 1;
+        j.W[0] = (w ? um : gm)->W;
+        j.y[0] = (w ? yu : yg).data();
+        j.ldy[0] = I;
+        j.start[1] = (int)((I + G4_BM - 1) / G4_BM);
+        launch_wg(j, x, T, po, ps, tl, KS, (unsigned)j.start[1]);
+    }
+    // the pair
+    const int ng = (int)(I / 64);
+    std::vector<__nv_bfloat16> oh((size_t)(S * I)), ol((size_t)(S * I)), osw((size_t)wg_xsw_win(S, ng, 0));
+    for (auto *v : {&oh, &ol, &osw})
+        for (auto &b : *v) b.x = 0xFFFF; // NaN: every value must be written
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 2;
+    j.W[0] = gm->W, j.W[1] = um->W;
+    j.start[1] = j.start[2] = (int)(I / 64);
+    j.swiglu = 1;
+    j.oh = oh.data(), j.ol = ol.data(), j.osw = osw.data();
+    launch_wg(j, x, T, po, ps, tl, KS, (unsigned)j.start[1]);
+    int bad = 0;
+    for (int sl = 0; sl < S; sl++) {
+        std::vector<float> hs((size_t)I);
+        for (int64_t c = 0; c < I; c++) {
+            const float e = g4_swiglu(yg[(size_t)(sl * I + c)], yu[(size_t)(sl * I + c)]);
+            const uint16_t h = bf16_rne(e), l = bf16_rne(e - bf16_f(h));
+            bad += oh[(size_t)(sl * I + c)].x != h || ol[(size_t)(sl * I + c)].x != l;
+            hs[(size_t)c] = e;
+        }
+        for (int G = 0; G < ng; G++) { // k_split_x's order: 4 columns a lane, then a 16-lane xor tree
+            float ln[16];
+            for (int i = 0; i < 16; i++) {
+                const float *e = &hs[(size_t)(64 * G + 4 * i)];
+                ln[i] = (e[0] + e[1]) + (e[2] + e[3]);
+            }
+            for (int o = 8; o > 0; o >>= 1) {
+                float nx[16];
+                for (int i = 0; i < 16; i++) nx[i] = ln[i] + ln[i ^ o];
+                memcpy(ln, nx, sizeof ln);
+            }
+            const float sm = ln[0];
+            const uint16_t h = bf16_rne(sm), m = bf16_rne(sm - bf16_f(h)), l = bf16_rne(sm - bf16_f(h) - bf16_f(m));
+            const int64_t at = wg_xsw_win(sl, ng, G / 16) + G % 16;
+            bad += osw[(size_t)at].x != h || osw[(size_t)(at + 16)].x != m || osw[(size_t)(at + 32)].x != l;
+        }
+        for (int k = 0; k < 48; k++) // a partial last window's empty slots: zero
+            if ((ng & 15) && (k & 15) >= (ng & 15)) bad += osw[(size_t)(wg_xsw_win(sl, ng, (ng - 1) / 16) + k)].x != 0;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "swiglu pair %d x %lld x %lld, %lld tokens x %d", E, (long long)I, (long long)K, (long long)T, KS);
+    printf("  %-52s %d values differ  %s\n", what, bad, bad ? "FAIL" : "PASS");
+    (bad ? fails : passes)++;
+    delete gm;
+    delete um;
+}
+
 int main(void) {
     printf("k_gemm_wg under the CUDA emulator\n");
     plain(200, 256, 65, 1.0f);   // rows not a multiple of 16 or 128; a second 64-token tile of one token
@@ -229,6 +321,10 @@ int main(void) {
     plain(136, 1152, 32, 1.0f);  // 32: 32 wide, full; 18 groups
     plain(200, 256, 97, 1.0f);   // a second tile of 33: 64 wide
     grouped(5, 144, 192, 70, 2); // 28 slots an expert: 32 wide
+    // the SwiGLU pair (gate and up in one block, the next GEMM's split input out)
+    pair_case(1, 128, 192, 70, 1);  // plain: 64 + 6 tokens (64 and 16 wide); two row blocks of 64
+    pair_case(5, 64, 128, 70, 2);   // grouped: 28 slots an expert (32 wide); one group
+    pair_case(3, 1152, 64, 30, 3);  // 18 groups: a full and a partial window of the sums
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }
