@@ -346,6 +346,12 @@ struct lilac_session {
     bool gemm_pair;           // with gemm_wg: the routed gate/up GEMM writes the down projection's split input itself
                               // (a swiglu job, cuda_g4.cuh) into dh/dl/dsw; LILAC_GEMM_PAIR=0: gu, then k_split_x<1>
     __nv_bfloat16 *dh, *dl, *dsw;
+    // with gemm_pair, a prefill's shared expert runs on st2 beside the router and the routed experts
+    // (moe_shared_side): its gate/up a swiglu job into sh_dh/sh_dl/sh_dsw, then its down; forked from st at
+    // ev_fork, joined before the combine at ev_join. LILAC_MOE_SIDE=0: in line, as before.
+    cudaStream_t st2;
+    cudaEvent_t ev_fork, ev_join;
+    __nv_bfloat16 *sh_dh, *sh_dl, *sh_dsw;
     bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
     bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
@@ -431,6 +437,9 @@ static void cuda_session_free(lilac_session *s) {
     for (int i = 0; i < 2; i++)
         if (s->step_ev[i]) cudaEventDestroy(s->step_ev[i]);
     if (s->st) cudaStreamDestroy(s->st);
+    if (s->st2) cudaStreamDestroy(s->st2);
+    if (s->ev_fork) cudaEventDestroy(s->ev_fork);
+    if (s->ev_join) cudaEventDestroy(s->ev_join);
     if (s->D && --s->D->refs <= 0) {
         g_models.erase(std::remove(g_models.begin(), g_models.end(), s->D), g_models.end());
         dmodel_free(s->D);
@@ -745,6 +754,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     {
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
+        const char *e_side = getenv("LILAC_MOE_SIDE");
         w = std::max(w, K * c->moe_inter);
         s->xq_plane = C * w;
         // k_gemm_wg's group sums take whole 16-group windows per row: the routed experts' down
@@ -756,6 +766,13 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              (!s->gemm_pair || (dalloc(s, &s->dh, (size_t)(C * K * c->moe_inter), err) == 0 &&
                                 dalloc(s, &s->dl, (size_t)(C * K * c->moe_inter), err) == 0 &&
                                 dalloc(s, &s->dsw, (size_t)wg_xsw_win(C * K, (int)(c->moe_inter / 64), 0), err) == 0)) &&
+             (!s->gemm_pair || c->shared_inter % 64 || (e_side && !strcmp(e_side, "0")) ||
+              (dalloc(s, &s->sh_dh, (size_t)(C * c->shared_inter), err) == 0 &&
+               dalloc(s, &s->sh_dl, (size_t)(C * c->shared_inter), err) == 0 &&
+               dalloc(s, &s->sh_dsw, (size_t)wg_xsw_win(C, (int)(c->shared_inter / 64), 0), err) == 0 &&
+               cudaStreamCreateWithFlags(&s->st2, cudaStreamNonBlocking) == cudaSuccess &&
+               cudaEventCreateWithFlags(&s->ev_fork, cudaEventDisableTiming) == cudaSuccess &&
+               cudaEventCreateWithFlags(&s->ev_join, cudaEventDisableTiming) == cudaSuccess)) &&
              (s->gemm_wg || (dalloc(s, &s->xq, (size_t)(G4_NP * C * w), err) == 0 &&
                              dalloc(s, &s->xsig, (size_t)(C * w / 64), err) == 0)) &&
              dalloc(s, &s->tiles, (size_t)(C * K / G4_BN + c->n_experts + 1), err) == 0 && dalloc(s, &s->n_tiles, 1, err) == 0 &&
@@ -895,7 +912,7 @@ static int gemm_q(lilac_session *s, int n, const dmat *W, float *const *y, const
     const int *nt = max_tiles > 0 ? s->n_tiles : nullptr;
     const __nv_bfloat16 *xh = in ? in[0] : (const __nv_bfloat16 *)s->xh, *xl = in ? in[1] : (const __nv_bfloat16 *)s->xl;
     const __nv_bfloat16 *xsw = in ? in[2] : (const __nv_bfloat16 *)s->xsw;
-    if (in && !s->gemm_wg) return lilac_fail(err, "internal: a GEMM input other than xh/xl without gemm_wg");
+    if (in && (!s->gemm_wg || W[0].bits != 4)) return lilac_fail(err, "internal: a GEMM input other than xh/xl off k_gemm_wg");
     if (W[0].bits == 8)
         pdl_launch(s, k_gemm_q<8>, g, 256, g4_smem<8>(), j, xh, xl, (const float *)s->xsum, T, offs, (const int *)s->sorted,
                    tiles, nt, x_div);
@@ -1031,7 +1048,8 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
             CKL();
         }
         prof_mark(s, PH_GDN_RECUR);
-        pdl_launch(s, k_gated_norm, dim3((unsigned)T, (unsigned)Hv), 32, 0, s->o, s->z, d.gdn_norm, Hv, c->lin_v_dim, c->rms_eps);
+        pdl_launch(s, k_gated_norm, (unsigned)(((int64_t)T * Hv + 7) / 8), 256, 0, s->o, s->z, d.gdn_norm, (int64_t)T, Hv,
+                   c->lin_v_dim, c->rms_eps);
         CKL();
     }
     prof_mark(s, PH_GDN_CORE);
@@ -1126,6 +1144,40 @@ static int moe_down_gemv(lilac_session *s, const dlayer &d, int l, int T, bool &
     return 0;
 }
 
+// A prefill's shared expert on s->st2 (run 110: the router, one wave of 192 slow blocks, and the
+// top-k/scan/scatter leave most of the GPU idle for ~130 us a layer; the shared expert's GEMMs, ~135 us in
+// line, fill it): xn's split (which the router and the routed experts read too, and nothing rewrites
+// before the combine), then on st2 the gate/up pair (SwiGLU's split into sh_dh/sh_dl/sh_dsw) and the down
+// into shy; ev_join marks the end. Where it applies (moe_side_ok) only.
+static bool moe_side_ok(const lilac_session *s, const dlayer &d, int64_t SI) {
+    return s->st2 && SI % 64 == 0 && g4_ok(d.sh_gate) && g4_ok(d.sh_up) && g4_ok(d.sh_down) && d.sh_gate.bits == 4 &&
+           d.sh_up.bits == 4 && d.sh_down.bits == 4 && d.sh_gate.rows == SI && d.sh_up.rows == SI && g4_ok(d.router) &&
+           g4_ok(d.sh_expert_gate) && d.router.bits == d.sh_expert_gate.bits;
+}
+static int moe_shared_side(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
+    const int64_t H = s->m->cfg.hidden, SI = s->m->cfg.shared_inter;
+    if (split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
+    s->xn_split = true;
+    CK(cudaEventRecord(s->ev_fork, s->st));
+    CK(cudaStreamWaitEvent(s->st2, s->ev_fork, 0));
+    const cudaStream_t main = s->st;
+    const bool pdl = s->pdl;
+    s->st = s->st2, s->pdl = false; // (gemm_q launches on s->st)
+    const dmat Wgu[2] = {d.sh_gate, d.sh_up};
+    float *const Y[2] = {s->shgu, s->shgu + SI}; // (not written: the pair's epilogue writes sh_d*)
+    const int64_t L[2] = {2 * SI, 2 * SI};
+    float *const Yd[1] = {s->shy};
+    const int64_t Ld[1] = {H};
+    __nv_bfloat16 *const dx[3] = {s->sh_dh, s->sh_dl, s->sh_dsw};
+    const int rc = gemm_q(s, 2, Wgu, Y, L, T, nullptr, 0, 1, err, nullptr, dx) < 0 ||
+                           gemm_q(s, 1, &d.sh_down, Yd, Ld, T, nullptr, 0, 1, err, dx) < 0
+                       ? -1
+                       : 0;
+    s->st = main, s->pdl = pdl;
+    CK(cudaEventRecord(s->ev_join, s->st2)); // (also on failure: st2 is joined whatever it holds)
+    return rc;
+}
+
 // next_gain (several tokens): the following layer's input-norm gain, fused into
 // the combine; null after the last layer and for one token (whose next GEMV
 // normalises the residual stream itself).
@@ -1143,9 +1195,18 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     // the logits (tk_pro); otherwise a top-k kernel.
     const bool tk_pro = T == 1 && E <= 256 && K <= 8;
     if (T == 1 && (s->ablate & ABL_MOE)) return 0; // LILAC_ABLATE
-    if (!(T == 1 && (s->ablate & ABL_ROUTER)) && input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) return -1;
-    prof_mark(s, PH_MOE_ROUTE);
+    const bool side = T > 1 && grouped && moe_side_ok(s, d, SI);
     bool shared_done = false, combined = false;
+    if (side) { // the shared expert beside the rest; here the router and the shared expert's scalar gate
+        const dmat Wr[2] = {d.router, d.sh_expert_gate};
+        float *const Yr[2] = {s->rlog, s->sg};
+        const int64_t Lr[2] = {E, 1};
+        if (moe_shared_side(s, d, T, err) < 0 || gemm_q(s, 2, Wr, Yr, Lr, T, nullptr, 0, 1, err) < 0) return -1;
+        shared_done = true;
+    } else if (!(T == 1 && (s->ablate & ABL_ROUTER)) && input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) {
+        return -1;
+    }
+    prof_mark(s, PH_MOE_ROUTE);
     if (tk_pro) {
         // in the gate/up GEMV below
     } else if (E <= 32)
@@ -1262,6 +1323,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     prof_mark(s, PH_MOE_EXPERTS);
     if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
     if (combined) return 0;
+    if (side) CK(cudaStreamWaitEvent(s->st, s->ev_join, 0)); // the shared expert's shy
     const int64_t hw = H % 4 ? H : H / 4; // (k_moe_combine's columns a thread: four where H allows)
     const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((hw + 255) / 256));
     pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);

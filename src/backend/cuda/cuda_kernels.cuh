@@ -741,12 +741,33 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     cl.sync(); // no block leaves while another may still read its ss_blk
 }
 
-// Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each.
-__global__ void k_gated_norm(float *o, const float *z, const float *w, int Hv, int dv, float eps) {
+// Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each,
+// eight to a block (grid: rows * Hv / 8), four values a load where dv allows (run
+// 110: one warp a block, one float a load, 96 us a 4k layer, ~2 TB/s).
+__global__ void __launch_bounds__(256) k_gated_norm(float *o, const float *z, const float *w, int64_t rows, int Hv, int dv,
+                                                    float eps) {
     pdl_wait();
-    const int t = blockIdx.x, j = blockIdx.y, lane = threadIdx.x;
-    const int64_t off = ((int64_t)t * Hv + j) * dv;
+    const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); // (token, head) = (r / Hv, r % Hv)
+    const int lane = threadIdx.x & 31;
+    if (r >= rows * Hv) return;
+    const int64_t off = r * dv;
     float ss = 0.0f;
+    if ((dv & 3) == 0) {
+        float4 *o4 = (float4 *)(o + off);
+        const float4 *z4 = (const float4 *)(z + off), *w4 = (const float4 *)w;
+        for (int m = lane; m < dv / 4; m += 32) {
+            const float4 v = o4[m];
+            ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        }
+        ss = warp_sum(ss);
+        const float inv = rsqrtf(ss / (float)dv + eps);
+        for (int m = lane; m < dv / 4; m += 32) {
+            const float4 v = o4[m], zz = z4[m], g = w4[m];
+            o4[m] = make_float4(v.x * inv * g.x * (zz.x / (1.0f + expf(-zz.x))), v.y * inv * g.y * (zz.y / (1.0f + expf(-zz.y))),
+                                v.z * inv * g.z * (zz.z / (1.0f + expf(-zz.z))), v.w * inv * g.w * (zz.w / (1.0f + expf(-zz.w))));
+        }
+        return;
+    }
     for (int m = lane; m < dv; m += 32) ss += o[off + m] * o[off + m];
     ss = warp_sum(ss);
     const float inv = rsqrtf(ss / (float)dv + eps);
