@@ -899,6 +899,60 @@ static void gemm_pair_case(int E, int64_t I, int64_t C, int64_t T, int KS) {
     delete um;
 }
 
+// The 8-bit router through k_gemm_wg (dlayer::router4): k_split8 into two 4-bit halves (high nibbles
+// at scale 16 s with the bias, low nibbles at s), packed by k_repack4; each logit the sum of its two rows,
+// against the 8-bit matrix's product in double.
+static void router4_case(int64_t R, int64_t C, int64_t T) {
+    qmat *m = make_qmat(R, C, 8, 64);
+    const int64_t R2 = 2 * R, ng = C / 64, nq = R2 * C / 8, rb = (R2 + 15) / 16, n = rb * ng * 32;
+    dbuf<uint32_t> q4((size_t)nq);
+    dbuf<__nv_bfloat16> s4((size_t)(R2 * ng)), b4((size_t)(R2 * ng));
+    dbuf<uint4> pk((size_t)n);
+    dbuf<uint32_t> psb((size_t)(n / 2));
+    k_split8<<<(unsigned)((nq + 255) / 256), 256>>>(m->W, q4.p, s4.p, b4.p);
+    CKL();
+    dmat t = m->W;
+    t.bits = 4, t.rows = t.stride = R2, t.q = q4.p, t.s = s4.p, t.b = b4.p, t.pk = nullptr;
+    k_repack4<<<(unsigned)((n + 255) / 256), 256>>>(t, rb, pk.p, psb.p);
+    CKL();
+    t.pk = pk.p, t.psb = psb.p, t.pk_rb = rb, t.q = nullptr, t.s = t.b = nullptr;
+    const std::vector<float> x = rand_vec((size_t)(T * C), 2.0f);
+    dbuf<float> dx(x.size()), dy((size_t)(T * R2));
+    dx.put(x);
+    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C)), xsw((size_t)wg_xsw_win(T, (int)ng, 0));
+    dbuf<float> xs((size_t)(T * ng));
+    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, nullptr, nullptr, 0, xsw.p);
+    CKL();
+    g4_job j;
+    memset(&j, 0, sizeof j);
+    j.n = 1, j.W[0] = t, j.y[0] = dy.p, j.ldy[0] = R2, j.start[1] = (int)((R2 + G4_BM - 1) / G4_BM);
+    g4_launch(1, j, T, xh.p, xl.p, xs.p, xsw.p);
+    CKL();
+    const std::vector<float> y = dy.get();
+    double e = 0.0;
+    for (int64_t tt = 0; tt < T; tt++) {
+        double size = 0.0;
+        std::vector<double> ref((size_t)R);
+        for (int64_t r = 0; r < R; r++) {
+            double a = 0.0, aa = 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                a += (double)m->w(0, r, c) * x[(size_t)(tt * C + c)];
+                aa += fabs((double)m->w(0, r, c) * x[(size_t)(tt * C + c)]);
+            }
+            ref[(size_t)r] = a;
+            size = std::max(size, std::max(fabs(a), aa / sqrt((double)C)));
+        }
+        for (int64_t r = 0; r < R; r++) {
+            const double g = (double)y[(size_t)(tt * R2 + r)] + (double)y[(size_t)(tt * R2 + R + r)];
+            e = std::isfinite(g) ? std::max(e, fabs(g - ref[(size_t)r]) / size) : INFINITY;
+        }
+    }
+    printf("  router4 (8-bit %lld x %lld as two 4-bit halves) through gemm_wg, T=%lld: rel err %.2e\n", (long long)R,
+           (long long)C, (long long)T, e);
+    CHECKF(e <= BAR, "router4 T=%lld: rel err %.3e", (long long)T, e);
+    delete m;
+}
+
 static void test_gemm_q(void) {
     g4_attrs();
     qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
@@ -933,6 +987,7 @@ static void test_gemm_q(void) {
         gemm_pair_case(1, 512, 2048, 70, 1);            // the model's expert shape, plain: 64 + 6 tokens
         gemm_pair_case(5, 128, 256, quick ? 60 : 150, 2); // grouped (partial tiles 16 and 32 wide); 2 groups
         gemm_pair_case(3, 1152, 128, 40, 2);            // 18 groups of the down's input: a partial window
+        router4_case(256, 2048, 70);                    // the model's router
     }
     delete small;
     delete ex;

@@ -356,7 +356,10 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // last), so the two buffers may coincide (T even) without a race.
 #define CONV_TS 32
 template <int K>
-__global__ void k_conv(const float *qkv, float *state2, const float *w, float *out, int T, int64_t CD, const int *d_pos) {
+// (qkv and out never alias: __restrict__ lets the token loop's loads run ahead of its stores; run 110: 90 us
+// a 4k layer, ~3 TB/s)
+__global__ void k_conv(const float *__restrict__ qkv, float *state2, const float *w, float *__restrict__ out, int T, int64_t CD,
+                       const int *d_pos) {
     // segments past the first take their window from qkv alone, never from the state
     static_assert(K - 1 <= CONV_TS, "a conv window longer than a token segment would read the state buffer");
     pdl_wait();
@@ -376,6 +379,7 @@ __global__ void k_conv(const float *qkv, float *state2, const float *w, float *o
     float saved[K - 1];
 #pragma unroll
     for (int k = 0; k < K - 1; k++) saved[k] = win[k];
+#pragma unroll 4
     for (int t = t0; t < t1; t++) {
         win[K - 1] = qkv[(int64_t)t * CD + ch];
         float acc = 0.0f;
@@ -993,9 +997,10 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
 
 // The same router top-k with the probabilities in registers (E <= 32 * PL):
 // every round is a warp argmax by shuffles only.
+// lo (k_topk_split): the logits are lg[e] + lo[e].
 template <int PL>
 __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int norm, int *topi, float *topw, int *counts,
-                                          int t) {
+                                          int t, const float *lo = nullptr) {
     const int lane = threadIdx.x & 31;
     float p[PL];
     float mx = -INFINITY;
@@ -1003,6 +1008,7 @@ __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int nor
     for (int u = 0; u < PL; u++) {
         const int e = lane + 32 * u;
         p[u] = e < E ? __ldcg(lg + e) : -INFINITY; // L2: may have been written by other blocks of this grid
+        if (lo && e < E) p[u] += __ldcg(lo + e);
         mx = fmaxf(mx, p[u]);
     }
     mx = warp_max(mx);
@@ -1043,6 +1049,25 @@ template <int PL>
 __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
     pdl_wait();
     topk_warp<PL>(logits + (int64_t)blockIdx.x * E, E, K, norm, topi, topw, counts, blockIdx.x);
+}
+// A prefill's top-k from the split router (dlayer::router4: row t of lg2 holds the high nibbles' E logits,
+// then the low nibbles'), and the shared expert's scalar gate sg[t] = seg . xn[t] (seg: one affine row,
+// MLX layout, dequantised here: one 2,048-wide dot a token costs less than a GEMM launch of its own).
+template <int PL>
+__global__ void k_topk_split(const float *lg2, int E, int K, int norm, int *topi, float *topw, int *counts, dmat seg,
+                             const float *xn, int64_t H, float *sg) {
+    pdl_wait();
+    const int t = blockIdx.x, lane = threadIdx.x;
+    const int per = 32 / seg.bits;
+    float a = 0.0f;
+    for (int64_t c = lane; c < H; c += 32) {
+        const uint32_t code = (seg.q[c / per] >> (seg.bits * (int)(c % per))) & ((1u << seg.bits) - 1u);
+        const int64_t g = c / seg.group;
+        a += (__bfloat162float(seg.s[g]) * (float)code + __bfloat162float(seg.b[g])) * xn[(int64_t)t * H + c];
+    }
+    a = warp_sum(a);
+    if (lane == 0) sg[t] = a;
+    topk_warp<PL>(lg2 + (int64_t)t * 2 * E, E, K, norm, topi, topw, counts, t, lg2 + (int64_t)t * 2 * E + E);
 }
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and
