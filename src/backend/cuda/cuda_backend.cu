@@ -1243,7 +1243,8 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     const bool side = T > 1 && grouped && moe_side_ok(s, d, SI);
     bool shared_done = false, combined = false;
     // the split router (run 110: k_gemm_q<8>'s one wave took 108 us a 4k layer; k_gemm_wg's ~35)
-    const bool split_router = side && s->router4 && d.router4.pk && d.sh_expert_gate.q && E <= 256 && K <= 32;
+    const bool split_router = side && s->router4 && d.router4.pk && d.sh_expert_gate.q && d.sh_expert_gate.bits == 8 &&
+                              d.sh_expert_gate.group == 64 && E <= 256 && K <= 32;
     if (side) { // the shared expert beside the rest; here the router and the shared expert's scalar gate
         const dmat Wr[2] = {d.router, d.sh_expert_gate};
         float *const Yr[2] = {s->rlog, s->sg};
