@@ -762,6 +762,37 @@ static g4_job one_job(const qmat *m, float *y, const int8_t *xq, const float *xs
     return j;
 }
 
+// The routing of S slots (slot s to expert ex[s] of E) as the prefill MoE hands it to the grouped GEMM,
+// built here as k_moe_scan / k_moe_scatter do: the slots sorted by expert (offs, sorted) and the (expert,
+// 64 tokens) tile map, on the host and on the device.
+struct tile_map {
+    std::vector<int> sorted; // (before offs: build fills it, and tl, while offs is made)
+    std::vector<int2> tl;
+    std::vector<int> offs;
+    int nt;
+    dbuf<int> doffs, dsorted, dnt;
+    dbuf<int2> dtiles;
+    tile_map(const std::vector<int> &ex, int E) : offs(build(ex, E)), nt((int)tl.size()), doffs(offs.size()),
+                                                  dsorted(sorted.size()), dnt(1), dtiles(tl.size()) {
+        doffs.put(offs);
+        dsorted.put(sorted);
+        dtiles.put(tl);
+        dnt.put(&nt);
+    }
+    std::vector<int> build(const std::vector<int> &ex, int E) {
+        std::vector<int> o((size_t)E + 1, 0);
+        std::vector<std::vector<int>> by((size_t)E);
+        for (size_t sl = 0; sl < ex.size(); sl++) by[(size_t)ex[sl]].push_back((int)sl);
+        for (int e = 0; e < E; e++) {
+            o[(size_t)e] = (int)sorted.size();
+            sorted.insert(sorted.end(), by[(size_t)e].begin(), by[(size_t)e].end());
+            for (int n0 = 0; n0 < (int)by[(size_t)e].size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
+        }
+        o[(size_t)E] = (int)sorted.size();
+        return o;
+    }
+};
+
 // Grouped mode, as the prefill MoE launches it: T tokens x KS routing slots, slot s to expert
 // (7s + s/5) % E; slots sorted by expert (offs, sorted) and the (expert, 64 tokens) tile map built
 // here as k_moe_scan does, with two spare grid rows past n_tiles; input row slot / KS, output row
@@ -770,36 +801,23 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     const int64_t C = m->cols, R = m->rows, S = T * KS;
     const int E = m->experts;
     std::vector<float> x = rand_vec((size_t)(T * C), 2.0f);
-    std::vector<int> ex((size_t)S), offs((size_t)E + 1, 0), sorted;
-    std::vector<int2> tl;
+    std::vector<int> ex((size_t)S);
     for (int64_t sl = 0; sl < S; sl++) ex[(size_t)sl] = (int)((7 * sl + sl / 5) % E);
-    for (int e = 0; e < E; e++) {
-        offs[(size_t)e] = (int)sorted.size();
-        for (int64_t sl = 0; sl < S; sl++)
-            if (ex[(size_t)sl] == e) sorted.push_back((int)sl);
-        for (int n0 = 0; offs[(size_t)e] + n0 < (int)sorted.size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
-    }
-    offs[(size_t)E] = (int)sorted.size();
-    const int nt = (int)tl.size();
+    tile_map tm(ex, E);
+    const int nt = tm.nt;
     dbuf<float> dx(x.size());
     dx.put(x);
     dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C));
     dbuf<float> xs((size_t)(T * C / 64)), xsig((size_t)(T * C / 64)), dy((size_t)(S * R));
     dbuf<int8_t> xq((size_t)(G4_NP * T * C));
     dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(T, (int)(C / 64), 0));
-    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
-    dbuf<int2> dtiles(tl.size());
-    doffs.put(offs);
-    dsorted.put(sorted);
-    dtiles.put(tl);
-    dnt.put(&nt);
     k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, T * C, xsw.p);
     CKL();
     dy.fill_bytes(0xFF); // NaN: every output must be written
     const g4_job j = one_job(m, dy.p, xq.p, xsig.p, T * C);
     const dim3 g((unsigned)j.start[1], (unsigned)nt + 2);
-    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
-    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, KS);
+    if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, tm.doffs.p, tm.dsorted.p, tm.dtiles.p, tm.dnt.p, KS);
+    else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, tm.doffs.p, tm.dsorted.p, tm.dtiles.p, tm.dnt.p, KS);
     CKL();
     const std::vector<float> got = dy.get();
     double e = 0.0;
@@ -833,16 +851,9 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
 static void gemm_pair_case(int E, int64_t I, int64_t C, int64_t T, int KS) {
     qmat *gm = make_qmat(I, C, 4, 64, E), *um = make_qmat(I, C, 4, 64, E);
     const int64_t S = T * KS;
-    std::vector<int> offs((size_t)E + 1, 0), sorted;
-    std::vector<int2> tl;
-    for (int e = 0; e < E; e++) {
-        offs[(size_t)e] = (int)sorted.size();
-        for (int64_t sl = 0; sl < S; sl++)
-            if ((int)((7 * sl + sl / 5) % E) == e) sorted.push_back((int)sl);
-        for (int n0 = 0; offs[(size_t)e] + n0 < (int)sorted.size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
-    }
-    offs[(size_t)E] = (int)S;
-    const int nt = (int)tl.size();
+    std::vector<int> ex((size_t)S);
+    for (int64_t sl = 0; sl < S; sl++) ex[(size_t)sl] = (int)((7 * sl + sl / 5) % E);
+    tile_map tm(ex, E);
     const bool grouped = E > 1;
     dbuf<float> dx((size_t)(T * C));
     dx.put(rand_vec((size_t)(T * C), 2.0f));
@@ -850,15 +861,9 @@ static void gemm_pair_case(int E, int64_t I, int64_t C, int64_t T, int KS) {
     dbuf<float> xs((size_t)(T * C / 64));
     k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, nullptr, nullptr, 0, xsw.p);
     CKL();
-    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
-    dbuf<int2> dtiles(tl.size());
-    doffs.put(offs);
-    dsorted.put(sorted);
-    dtiles.put(tl);
-    dnt.put(&nt);
-    const int *po = grouped ? doffs.p : nullptr, *ps = grouped ? dsorted.p : nullptr, *pn = grouped ? dnt.p : nullptr;
-    const int2 *pt = grouped ? dtiles.p : nullptr;
-    const unsigned gy = grouped ? (unsigned)nt + 2 : (unsigned)((T + G4_BN - 1) / G4_BN);
+    const int *po = grouped ? tm.doffs.p : nullptr, *ps = grouped ? tm.dsorted.p : nullptr, *pn = grouped ? tm.dnt.p : nullptr;
+    const int2 *pt = grouped ? tm.dtiles.p : nullptr;
+    const unsigned gy = grouped ? (unsigned)tm.nt + 2 : (unsigned)((T + G4_BN - 1) / G4_BN);
     // unfused: gu[slot] = (gate | up), then k_split_x<1>
     dbuf<float> gu((size_t)(S * 2 * I));
     g4_job j;
@@ -899,60 +904,6 @@ static void gemm_pair_case(int E, int64_t I, int64_t C, int64_t T, int KS) {
     delete um;
 }
 
-// The 8-bit router through k_gemm_wg (dlayer::router4): k_split8 into two 4-bit halves (high nibbles
-// at scale 16 s with the bias, low nibbles at s), packed by k_repack4; each logit the sum of its two rows,
-// against the 8-bit matrix's product in double.
-static void router4_case(int64_t R, int64_t C, int64_t T) {
-    qmat *m = make_qmat(R, C, 8, 64);
-    const int64_t R2 = 2 * R, ng = C / 64, nq = R2 * C / 8, rb = (R2 + 15) / 16, n = rb * ng * 32;
-    dbuf<uint32_t> q4((size_t)nq);
-    dbuf<__nv_bfloat16> s4((size_t)(R2 * ng)), b4((size_t)(R2 * ng));
-    dbuf<uint4> pk((size_t)n);
-    dbuf<uint32_t> psb((size_t)(n / 2));
-    k_split8<<<(unsigned)((nq + 255) / 256), 256>>>(m->W, q4.p, s4.p, b4.p);
-    CKL();
-    dmat t = m->W;
-    t.bits = 4, t.rows = t.stride = R2, t.q = q4.p, t.s = s4.p, t.b = b4.p, t.pk = nullptr;
-    k_repack4<<<(unsigned)((n + 255) / 256), 256>>>(t, rb, pk.p, psb.p);
-    CKL();
-    t.pk = pk.p, t.psb = psb.p, t.pk_rb = rb, t.q = nullptr, t.s = t.b = nullptr;
-    const std::vector<float> x = rand_vec((size_t)(T * C), 2.0f);
-    dbuf<float> dx(x.size()), dy((size_t)(T * R2));
-    dx.put(x);
-    dbuf<__nv_bfloat16> xh((size_t)(T * C)), xl((size_t)(T * C)), xsw((size_t)wg_xsw_win(T, (int)ng, 0));
-    dbuf<float> xs((size_t)(T * ng));
-    k_split_x<0><<<(unsigned)T, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, nullptr, nullptr, 0, xsw.p);
-    CKL();
-    g4_job j;
-    memset(&j, 0, sizeof j);
-    j.n = 1, j.W[0] = t, j.y[0] = dy.p, j.ldy[0] = R2, j.start[1] = (int)((R2 + G4_BM - 1) / G4_BM);
-    g4_launch(1, j, T, xh.p, xl.p, xs.p, xsw.p);
-    CKL();
-    const std::vector<float> y = dy.get();
-    double e = 0.0;
-    for (int64_t tt = 0; tt < T; tt++) {
-        double size = 0.0;
-        std::vector<double> ref((size_t)R);
-        for (int64_t r = 0; r < R; r++) {
-            double a = 0.0, aa = 0.0;
-            for (int64_t c = 0; c < C; c++) {
-                a += (double)m->w(0, r, c) * x[(size_t)(tt * C + c)];
-                aa += fabs((double)m->w(0, r, c) * x[(size_t)(tt * C + c)]);
-            }
-            ref[(size_t)r] = a;
-            size = std::max(size, std::max(fabs(a), aa / sqrt((double)C)));
-        }
-        for (int64_t r = 0; r < R; r++) {
-            const double g = (double)y[(size_t)(tt * R2 + r)] + (double)y[(size_t)(tt * R2 + R + r)];
-            e = std::isfinite(g) ? std::max(e, fabs(g - ref[(size_t)r]) / size) : INFINITY;
-        }
-    }
-    printf("  router4 (8-bit %lld x %lld as two 4-bit halves) through gemm_wg, T=%lld: rel err %.2e\n", (long long)R,
-           (long long)C, (long long)T, e);
-    CHECKF(e <= BAR, "router4 T=%lld: rel err %.3e", (long long)T, e);
-    delete m;
-}
-
 static void test_gemm_q(void) {
     g4_attrs();
     qmat *a = make_qmat(1024, 2048, 4, 64), *b = make_qmat(200, 2048, 4, 64), *dn = make_qmat(2048, 512, 4, 64);
@@ -987,7 +938,6 @@ static void test_gemm_q(void) {
         gemm_pair_case(1, 512, 2048, 70, 1);            // the model's expert shape, plain: 64 + 6 tokens
         gemm_pair_case(5, 128, 256, quick ? 60 : 150, 2); // grouped (partial tiles 16 and 32 wide); 2 groups
         gemm_pair_case(3, 1152, 128, 40, 2);            // 18 groups of the down's input: a partial window
-        router4_case(256, 2048, 70);                    // the model's router
     }
     delete small;
     delete ex;
@@ -1037,8 +987,7 @@ static void time_gemm_case(const char *name, int64_t R, int64_t C, int64_t T) {
 static void time_grouped_case(const char *name, int64_t R, int64_t C, int64_t T, int KS, int E) {
     qmat *m = make_qmat(R, C, 4, 64, E, false);
     const int64_t S = T * KS;
-    std::vector<int> ex((size_t)S), offs((size_t)E + 1, 0), sorted;
-    std::vector<int2> tl;
+    std::vector<int> ex((size_t)S);
     for (int64_t t = 0; t < T; t++)
         for (int k = 0; k < KS; k++) {
             int e;
@@ -1050,27 +999,14 @@ static void time_grouped_case(const char *name, int64_t R, int64_t C, int64_t T,
             } while (dup);
             ex[(size_t)(t * KS + k)] = e;
         }
-    std::vector<std::vector<int>> by((size_t)E);
-    for (int64_t sl = 0; sl < S; sl++) by[(size_t)ex[(size_t)sl]].push_back((int)sl);
-    for (int e = 0; e < E; e++) {
-        offs[(size_t)e] = (int)sorted.size();
-        sorted.insert(sorted.end(), by[(size_t)e].begin(), by[(size_t)e].end());
-        for (int n0 = 0; n0 < (int)by[(size_t)e].size(); n0 += G4_BN) tl.push_back(make_int2(e, n0));
-    }
-    offs[(size_t)E] = (int)S;
-    const int nt = (int)tl.size();
+    tile_map tm(ex, E);
+    const int nt = tm.nt;
     dbuf<float> dx((size_t)(S * C));
     dx.put(rand_vec((size_t)(S * C), 2.0f));
     dbuf<__nv_bfloat16> xh((size_t)(S * C)), xl((size_t)(S * C));
     dbuf<float> xs((size_t)(S * C / 64)), xsig((size_t)(S * C / 64)), dy((size_t)(S * R));
     dbuf<int8_t> xq((size_t)(G4_NP * S * C));
     dbuf<__nv_bfloat16> xsw((size_t)wg_xsw_win(S, (int)(C / 64), 0));
-    dbuf<int> doffs(offs.size()), dsorted(sorted.size()), dnt(1);
-    dbuf<int2> dtiles(tl.size());
-    doffs.put(offs);
-    dsorted.put(sorted);
-    dtiles.put(tl);
-    dnt.put(&nt);
     k_split_x<0><<<(unsigned)S, 256>>>(dx.p, C, 0, C, xh.p, xl.p, xs.p, xq.p, xsig.p, S * C, xsw.p);
     CKL();
     const g4_job j = one_job(m, dy.p, xq.p, xsig.p, S * C);
@@ -1088,8 +1024,8 @@ static void time_grouped_case(const char *name, int64_t R, int64_t C, int64_t T,
             for (int it = 0; it < 13; it++) {
                 if (it == 3) CK(cudaEventRecord(a));
                 if (plain) g4_launch(v, j, S, xh.p, xl.p, xs.p, xsw.p);
-                else if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, x_div);
-                else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, doffs.p, dsorted.p, dtiles.p, dnt.p, x_div);
+                else if (v) k_gemm_wg<<<g, 256, wg_smem()>>>(j, xh.p, xl.p, xsw.p, (int)T, tm.doffs.p, tm.dsorted.p, tm.dtiles.p, tm.dnt.p, x_div);
+                else k_gemm_q<4><<<g, 256, g4_smem<4>()>>>(j, xh.p, xl.p, xs.p, (int)T, tm.doffs.p, tm.dsorted.p, tm.dtiles.p, tm.dnt.p, x_div);
             }
             CK(cudaEventRecord(b));
             CK(cudaEventSynchronize(b));

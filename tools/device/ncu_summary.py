@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Group an Nsight Compute CSV of kernel durations (ncu_decode.sh, ncu_prefill_times.sh) by
+"""Group an Nsight Compute CSV of kernel durations (ncu_times.sh) by
 kernel, grid and block. The launches are cut into passes at each k_embed (one per decode step or
 prefill chunk); --prefill keeps the last pass that ran the prefill GEMM (k_gemm_wg or k_gemm_q),
 otherwise every decode pass is averaged."""

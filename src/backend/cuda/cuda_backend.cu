@@ -149,46 +149,7 @@ static const void *dev_ptr(dmodel *D, const void *p, lilac_err *err, int *rc) {
 
 // pack: also keep the codes in tensor-core fragment order (cuda_packed.cuh) for
 // the decode GEMV (every 4-bit matrix but the embedding, which is gathered).
-static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack = true);
-
-// dlayer::router4 from the 8-bit router r8 (MLX layout, on the device): split by k_split8 into a
-// temporary 4-bit MLX-layout matrix of 2E rows, then packed as up_mat packs. Left unset (no pk) for
-// any other router (bf16, 4-bit, other groups).
-static int up_router4(dmodel *D, const dmat &r8, dmat *d4, lilac_err *err) {
-    memset(d4, 0, sizeof *d4);
-    if (r8.type != 0 || r8.bits != 8 || r8.group != 64 || r8.n_experts != 1 || !r8.q || r8.cols % 64 || !r8.rows) return 0;
-    const int64_t R2 = 2 * r8.rows, ng = r8.cols / 64, nq = R2 * r8.cols / 8;
-    uint32_t *q4 = nullptr;
-    __nv_bfloat16 *s4 = nullptr, *b4 = nullptr;
-    uint4 *pk = nullptr;
-    uint32_t *psb = nullptr;
-    const int64_t rb = (R2 + 15) / 16, n = rb * ng * 32;
-    if (cudaMalloc((void **)&q4, sizeof(uint32_t) * (size_t)nq) != cudaSuccess ||
-        cudaMalloc((void **)&s4, sizeof(__nv_bfloat16) * (size_t)(R2 * ng)) != cudaSuccess ||
-        cudaMalloc((void **)&b4, sizeof(__nv_bfloat16) * (size_t)(R2 * ng)) != cudaSuccess ||
-        cudaMalloc((void **)&pk, sizeof(uint4) * (size_t)n) != cudaSuccess ||
-        cudaMalloc((void **)&psb, sizeof(uint32_t) * (size_t)(n / 2)) != cudaSuccess) {
-        cudaFree(q4), cudaFree(s4), cudaFree(b4), cudaFree(pk), cudaFree(psb);
-        cudaGetLastError();
-        return lilac_fail(err, "GPU out of memory for the router's 4-bit split");
-    }
-    D->allocs.push_back(pk);
-    D->allocs.push_back(psb);
-    k_split8<<<(unsigned)std::min<int64_t>((nq + 255) / 256, 1 << 16), 256, 0, D->stream>>>(r8, q4, s4, b4);
-    CKL();
-    dmat t = r8;
-    t.bits = 4, t.rows = t.stride = R2, t.q = q4, t.s = s4, t.b = b4;
-    k_repack4<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1 << 16), 256, 0, D->stream>>>(t, rb, pk, psb);
-    CKL();
-    CK(cudaStreamSynchronize(D->stream));
-    cudaFree(q4), cudaFree(s4), cudaFree(b4);
-    t.q = nullptr, t.s = t.b = nullptr;
-    t.pk = pk, t.psb = psb, t.pk_rb = rb;
-    *d4 = t;
-    return 0;
-}
-
-static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack) {
+static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack = true) {
     int rc = 0;
     memset(d, 0, sizeof *d);
     d->type = h->type == MAT_AFFINE ? 0 : 1;
@@ -304,8 +265,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
         if (up_mat(D, &h->router, &d->router, err) < 0 || up_mat(D, &h->exp_gate, &d->exp_gate, err) < 0 ||
             up_mat(D, &h->exp_up, &d->exp_up, err) < 0 || up_mat(D, &h->exp_down, &d->exp_down, err) < 0 ||
             up_mat(D, &h->sh_gate, &d->sh_gate, err) < 0 || up_mat(D, &h->sh_up, &d->sh_up, err) < 0 ||
-            up_mat(D, &h->sh_down, &d->sh_down, err) < 0 || up_mat(D, &h->sh_expert_gate, &d->sh_expert_gate, err) < 0 ||
-            up_router4(D, d->router, &d->router4, err) < 0)
+            up_mat(D, &h->sh_down, &d->sh_down, err) < 0 || up_mat(D, &h->sh_expert_gate, &d->sh_expert_gate, err) < 0)
             return -1;
     }
     CK(cudaStreamSynchronize(D->stream));
@@ -350,8 +310,6 @@ struct lilac_session {
     float *x, *xn, *r, *qkv, *conv_out, *z, *bb, *ba, *beta, *decay, *o;
     float *qg, *kx, *vx, *att, *part;
     float *rlog, *topw, *gu, *ye, *shgu, *shy, *sg;
-    bool router4; // LILAC_ROUTER4=0: the 8-bit router through k_gemm_q<8> on the side path too
-    float *rlog2; // with st2: the split router's logits of a chunk, [C][2E] (dlayer::router4, k_topk_split)
     int *topi, *counts, *offs, *cursor, *sorted;
     float *logits;                      // one row: every one-token pass writes here
     float *logits_all; int64_t logits_rows; // LOGITS_ALL prefill: a chunk's rows
@@ -749,8 +707,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     }
     const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
     s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
-    const char *e_r4 = getenv("LILAC_ROUTER4");
-    s->router4 = !(e_r4 && !strcmp(e_r4, "0"));
     const char *e_gp = getenv("LILAC_GEMM_PAIR");
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
@@ -814,7 +770,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
               (dalloc(s, &s->sh_dh, (size_t)(C * c->shared_inter), err) == 0 &&
                dalloc(s, &s->sh_dl, (size_t)(C * c->shared_inter), err) == 0 &&
                dalloc(s, &s->sh_dsw, (size_t)wg_xsw_win(C, (int)(c->shared_inter / 64), 0), err) == 0 &&
-               dalloc(s, &s->rlog2, (size_t)(C * 2 * c->n_experts), err) == 0 &&
                cudaStreamCreateWithFlags(&s->st2, cudaStreamNonBlocking) == cudaSuccess &&
                cudaEventCreateWithFlags(&s->ev_fork, cudaEventDisableTiming) == cudaSuccess &&
                cudaEventCreateWithFlags(&s->ev_join, cudaEventDisableTiming) == cudaSuccess)) &&
@@ -1242,34 +1197,18 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     if (T == 1 && (s->ablate & ABL_MOE)) return 0; // LILAC_ABLATE
     const bool side = T > 1 && grouped && moe_side_ok(s, d, SI);
     bool shared_done = false, combined = false;
-    // the split router (run 110: k_gemm_q<8>'s one wave took 108 us a 4k layer; k_gemm_wg's ~35)
-    const bool split_router = side && s->router4 && d.router4.pk && d.sh_expert_gate.q && d.sh_expert_gate.bits == 8 &&
-                              d.sh_expert_gate.group == 64 && E <= 256 && K <= 32;
     if (side) { // the shared expert beside the rest; here the router and the shared expert's scalar gate
         const dmat Wr[2] = {d.router, d.sh_expert_gate};
         float *const Yr[2] = {s->rlog, s->sg};
         const int64_t Lr[2] = {E, 1};
-        float *const Y4[1] = {s->rlog2};
-        const int64_t L4[1] = {2 * E};
-        if (moe_shared_side(s, d, T, err) < 0) return -1;
-        if (split_router ? gemm_q(s, 1, &d.router4, Y4, L4, T, nullptr, 0, 1, err) < 0
-                         : gemm_q(s, 2, Wr, Yr, Lr, T, nullptr, 0, 1, err) < 0)
-            return -1;
+        if (moe_shared_side(s, d, T, err) < 0 || gemm_q(s, 2, Wr, Yr, Lr, T, nullptr, 0, 1, err) < 0) return -1;
         shared_done = true;
     } else if (!(T == 1 && (s->ablate & ABL_ROUTER)) && input_mats(s, 4, W, Y, LD, T, d.post_norm, s->xn, err) < 0) {
         return -1;
     }
     prof_mark(s, PH_MOE_ROUTE);
-#define TOPK_SPLIT(PL)                                                                                                   \
-    pdl_launch(s, k_topk_split<PL>, T, 32, 0, (const float *)s->rlog2, E, K, c->norm_topk, s->topi, s->topw, s->counts,   \
-               d.sh_expert_gate, (const float *)s->xn, H, s->sg)
     if (tk_pro) {
         // in the gate/up GEMV below
-    } else if (split_router) { // (grouped: the counts)
-        if (E <= 32) TOPK_SPLIT(1);
-        else if (E <= 64) TOPK_SPLIT(2);
-        else if (E <= 128) TOPK_SPLIT(4);
-        else TOPK_SPLIT(8);
     } else if (E <= 32)
         pdl_launch(s, k_topk_reg<1>, T, 32, 0, s->rlog, E, K, c->norm_topk, s->topi, s->topw, grouped ? s->counts : nullptr);
     else if (E <= 64)
@@ -1281,7 +1220,6 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     else
         pdl_launch(s, k_topk, T, 32, sizeof(float) * (size_t)E, s->rlog, E, K, c->norm_topk, s->topi, s->topw,
                    grouped ? s->counts : nullptr);
-#undef TOPK_SPLIT
     CKL();
     if (s->rec && T > 1) { // route_record (tests): this layer's [T][K] ids into the chunk's rows of the table
         static_assert(sizeof(int) == sizeof(int32_t), "topi is copied into an int32_t table");
@@ -1386,8 +1324,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     if (!shared_done && matmul(s, d.sh_down, s->shgu, 2 * SI, s->shy, H, T, XM_SWIGLU, SI, err) < 0) return -1;
     if (combined) return 0;
     if (side) CK(cudaStreamWaitEvent(s->st, s->ev_join, 0)); // the shared expert's shy
-    const int64_t hw = H % 4 ? H : H / 4; // (k_moe_combine's columns a thread: four where H allows)
-    const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((hw + 255) / 256));
+    const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H / 4 + 255) / 256)); // (four columns a thread)
     pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
     CKL();
     return 0;

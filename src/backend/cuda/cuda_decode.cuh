@@ -32,9 +32,6 @@ struct dlayer {
     float *in_norm, *post_norm, *conv, *A_log, *dt_bias, *gdn_norm, *q_norm, *k_norm;
     dmat in_qkv, in_z, in_b, in_a, out_proj, q_proj, k_proj, v_proj, o_proj;
     dmat router, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down, sh_expert_gate;
-    // the 8-bit router as two 4-bit matrices (k_split8: rows [0, E) the codes' high nibbles, [E, 2E) the low),
-    // packed for k_gemm_wg: a prefill's router logits are the two halves' sum. Unset (no pk) where it does not apply.
-    dmat router4;
 };
 
 #define MK_THREADS 256

@@ -40,6 +40,38 @@ __host__ __device__ __forceinline__ float g4_swiglu(float g, float u) { return g
 // window w of row r starts, in a matrix of ng groups:
 __host__ __device__ inline int64_t wg_xsw_win(int64_t r, int ng, int w) { return (r * ((ng + 15) / 16) + w) * 48; }
 
+// The split of a GEMM input as k_split_x writes it, one thread's four consecutive values e of a row at
+// a time; k_gemm_wg's swiglu epilogue writes its output through the same three functions (so the same
+// bits). The bf16 parts: xh = bf16(e), xl = bf16(e - xh), at xh/xl + at.
+struct alignas(8) g4_bf16x4 {
+    __nv_bfloat16 v[4];
+};
+__device__ __forceinline__ void g4_put_parts(const float (&e)[4], __nv_bfloat16 *xh, __nv_bfloat16 *xl, int64_t at) {
+    g4_bf16x4 h, l;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        h.v[i] = __float2bfloat16(e[i]);
+        l.v[i] = __float2bfloat16(e[i] - __bfloat162float(h.v[i]));
+    }
+    *(g4_bf16x4 *)(xh + at) = h;
+    *(g4_bf16x4 *)(xl + at) = l;
+}
+// The sum of a group of 64 columns that 16 consecutive lanes hold, four each (all 32 lanes call it).
+__device__ __forceinline__ float g4_group_sum(const float (&e)[4]) {
+    float s = (e[0] + e[1]) + (e[2] + e[3]);
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return s;
+}
+// Group G's sum s of row r (of ng groups) into xsw as three pieces, s = hi + mid + lo (2^-24).
+__device__ __forceinline__ void g4_put_xsw(__nv_bfloat16 *xsw, int64_t r, int ng, int G, float s) {
+    const int64_t at = wg_xsw_win(r, ng, G / 16) + G % 16;
+    const __nv_bfloat16 h = __float2bfloat16(s), m = __float2bfloat16(s - __bfloat162float(h));
+    xsw[at] = h;
+    xsw[at + 16] = m;
+    xsw[at + 32] = __float2bfloat16(s - __bfloat162float(h) - __bfloat162float(m));
+}
+
 // The two codes at bits 0-3 and 16-19 of w as an exact bf16x2: (128 + q) - 128, the first step one lop3.
 __device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
 #ifdef LILAC_CUEMU // the same bits: q exact in bf16 (its top 16 bits as f32)

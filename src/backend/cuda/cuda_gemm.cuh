@@ -130,30 +130,11 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
         }
         if (!in) v = make_float4(0.f, 0.f, 0.f, 0.f);
         const float e[4] = {v.x, v.y, v.z, v.w};
-        __nv_bfloat16 h[4], l[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            h[i] = __float2bfloat16(e[i]);
-            l[i] = __float2bfloat16(e[i] - __bfloat162float(h[i]));
-        }
-        if (in) {
-            *(uint2 *)(xh + r * cols + c) = *(const uint2 *)h;
-            *(uint2 *)(xl + r * cols + c) = *(const uint2 *)l;
-        }
-        // 16 consecutive threads cover one group of 64 columns
-        float s = (e[0] + e[1]) + (e[2] + e[3]);
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (in) g4_put_parts(e, xh, xl, r * cols + c);
+        const float s = g4_group_sum(e); // 16 consecutive threads cover one group of 64 columns
         if (in && (threadIdx.x & 15) == 0) {
             xs[r * (cols / 64) + c / 64] = s;
-            if (xsw) { // s = hi + mid + lo, 2^-24
-                const int G = (int)(c / 64);
-                const int64_t at = wg_xsw_win(r, ng, G / 16) + G % 16;
-                const __nv_bfloat16 h = __float2bfloat16(s), m = __float2bfloat16(s - __bfloat162float(h));
-                xsw[at] = h;
-                xsw[at + 16] = m;
-                xsw[at + 32] = __float2bfloat16(s - __bfloat162float(h) - __bfloat162float(m));
-            }
+            if (xsw) g4_put_xsw(xsw, r, ng, (int)(c / 64), s);
         }
         if (xq) { // the pieces: x = sigma (a + b/128 + c/16384), sigma = max|x| / 127 over the group
             float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));

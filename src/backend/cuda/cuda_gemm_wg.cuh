@@ -256,26 +256,9 @@ __device__ __forceinline__ void wg_tile(const g4_job &job, const dmat &W, const 
             const int n = 16 * q + (tid >> 4), row = yrow[n];
             const float4 gv = *(const float4 *)&E[n * LD + c4], uv = *(const float4 *)&E[(64 + n) * LD + c4];
             const float e[4] = {g4_swiglu(gv.x, uv.x), g4_swiglu(gv.y, uv.y), g4_swiglu(gv.z, uv.z), g4_swiglu(gv.w, uv.w)};
-            uint32_t hb[4], lb[4]; // (bits, not __nv_bfloat16 arrays: those would live on the stack)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                hb[i] = wg_bf16_rn(e[i]);
-                lb[i] = wg_bf16_rn(e[i] - __uint_as_float(hb[i] << 16));
-            }
-            if (row >= 0) {
-                *(uint2 *)(job.oh + (int64_t)row * I + m0 + c4) = make_uint2(hb[0] | hb[1] << 16, hb[2] | hb[3] << 16);
-                *(uint2 *)(job.ol + (int64_t)row * I + m0 + c4) = make_uint2(lb[0] | lb[1] << 16, lb[2] | lb[3] << 16);
-            }
-            float sum = (e[0] + e[1]) + (e[2] + e[3]);
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-            if (row >= 0 && (tid & 15) == 0) { // sum = hi + mid + lo, 2^-24
-                const int64_t at = wg_xsw_win(row, ngd, G / 16) + G % 16;
-                const __nv_bfloat16 sh = __float2bfloat16(sum), sm2 = __float2bfloat16(sum - __bfloat162float(sh));
-                job.osw[at] = sh;
-                job.osw[at + 16] = sm2;
-                job.osw[at + 32] = __float2bfloat16(sum - __bfloat162float(sh) - __bfloat162float(sm2));
-            }
+            if (row >= 0) g4_put_parts(e, job.oh, job.ol, (int64_t)row * I + m0 + c4);
+            const float sum = g4_group_sum(e);
+            if (row >= 0 && (tid & 15) == 0) g4_put_xsw(job.osw, row, ngd, G, sum);
         }
         if ((ngd & 15) && G == ngd - 1) // a partial last window's empty slots (k_split_x's zeros)
             for (int i = tid; i < NB * 48; i += 256) {

@@ -997,10 +997,9 @@ __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, f
 
 // The same router top-k with the probabilities in registers (E <= 32 * PL):
 // every round is a warp argmax by shuffles only.
-// lo (k_topk_split): the logits are lg[e] + lo[e].
 template <int PL>
 __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int norm, int *topi, float *topw, int *counts,
-                                          int t, const float *lo = nullptr) {
+                                          int t) {
     const int lane = threadIdx.x & 31;
     float p[PL];
     float mx = -INFINITY;
@@ -1008,7 +1007,6 @@ __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int nor
     for (int u = 0; u < PL; u++) {
         const int e = lane + 32 * u;
         p[u] = e < E ? __ldcg(lg + e) : -INFINITY; // L2: may have been written by other blocks of this grid
-        if (lo && e < E) p[u] += __ldcg(lo + e);
         mx = fmaxf(mx, p[u]);
     }
     mx = warp_max(mx);
@@ -1049,29 +1047,6 @@ template <int PL>
 __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
     pdl_wait();
     topk_warp<PL>(logits + (int64_t)blockIdx.x * E, E, K, norm, topi, topw, counts, blockIdx.x);
-}
-// A prefill's top-k from the split router (dlayer::router4: row t of lg2 holds the high nibbles' E logits,
-// then the low nibbles'), and the shared expert's scalar gate sg[t] = seg . xn[t] (seg: one affine row,
-// MLX layout, dequantised here: one 2,048-wide dot a token costs less than a GEMM launch of its own).
-template <int PL>
-__global__ void k_topk_split(const float *lg2, int E, int K, int norm, int *topi, float *topw, int *counts, dmat seg,
-                             const float *xn, int64_t H, float *sg) {
-    pdl_wait();
-    const int t = blockIdx.x, lane = threadIdx.x;
-    // seg: 8-bit, group 64 (the host checks): a word of 4 codes and a float4 of xn a step, 16 words a group
-    // (run 113: a code and a float a step, with divisions, cost 46 us a 4k layer)
-    const float4 *x4 = (const float4 *)(xn + (int64_t)t * H);
-    float a = 0.0f;
-    for (int64_t w = lane; w < H / 4; w += 32) {
-        const uint32_t q = seg.q[w];
-        const float4 x = x4[w];
-        const float sc = __bfloat162float(seg.s[w >> 4]), bi = __bfloat162float(seg.b[w >> 4]);
-        a += (sc * (float)(q & 255u) + bi) * x.x + (sc * (float)((q >> 8) & 255u) + bi) * x.y +
-             (sc * (float)((q >> 16) & 255u) + bi) * x.z + (sc * (float)(q >> 24) + bi) * x.w;
-    }
-    a = warp_sum(a);
-    if (lane == 0) sg[t] = a;
-    topk_warp<PL>(lg2 + (int64_t)t * 2 * E, E, K, norm, topi, topw, counts, t, lg2 + (int64_t)t * 2 * E + E);
 }
 
 // Exclusive scan of the per-expert counts into offs[0..E]; resets counts and
@@ -1130,10 +1105,11 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
 
 // x[t] += sum_k w[t][k] * ye[t*K + k] + sigmoid(sg[t]) * shy[t]   (the MoE output and the residual).
 // With `gain` (one block per row): then the next layer's input RMSNorm into
-// xn[t]. Without: grid (T, column blocks), elementwise. Four columns a thread
-// where H allows (float4): the K rows of ye are ~2/3 of a 4k prefill's bytes
-// here, and four-wide loads keep 4x the bytes in flight (run 110: 146 us a
-// layer, ~2.7 TB/s, with one float a load).
+// xn[t]. Without: grid (T, blocks of 1024 columns), elementwise. Four columns
+// a thread (H is a multiple of 64: up_mat's rule for every matrix, the router's
+// columns among them): the K rows of ye are ~2/3 of a 4k prefill's bytes here,
+// and four-wide loads keep 4x the bytes in flight (run 110: 146 us a layer,
+// ~2.7 TB/s, with one float a load; run 113: 108 us).
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
                               int64_t H, const float *gain, float *xn, float eps) {
     pdl_wait();
@@ -1142,33 +1118,22 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
     const float gs = 1.0f / (1.0f + expf(-sg[t]));
     float ss = 0.0f;
     const int64_t h_first = (int64_t)blockIdx.y * blockDim.x + threadIdx.x, h_step = (int64_t)gridDim.y * blockDim.x;
-    if ((H & 3) == 0) {
-        const float4 *ye4 = (const float4 *)ye, *shy4 = (const float4 *)shy;
-        float4 *x4 = (float4 *)x;
-        const int64_t H4 = H / 4;
-        for (int64_t h = h_first; h < H4; h += h_step) {
-            const float4 sh = shy4[(int64_t)t * H4 + h];
-            float4 a = make_float4(gs * sh.x, gs * sh.y, gs * sh.z, gs * sh.w);
+    const float4 *ye4 = (const float4 *)ye, *shy4 = (const float4 *)shy;
+    float4 *x4 = (float4 *)x;
+    const int64_t H4 = H / 4;
+    for (int64_t h = h_first; h < H4; h += h_step) {
+        const float4 sh = shy4[(int64_t)t * H4 + h];
+        float4 a = make_float4(gs * sh.x, gs * sh.y, gs * sh.z, gs * sh.w);
 #pragma unroll 8
-            for (int k = 0; k < K; k++) {
-                const float w = topw[t * K + k];
-                const float4 y = ye4[((int64_t)t * K + k) * H4 + h];
-                a.x += w * y.x, a.y += w * y.y, a.z += w * y.z, a.w += w * y.w;
-            }
-            float4 v = x4[(int64_t)t * H4 + h];
-            v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-            x4[(int64_t)t * H4 + h] = v;
-            ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        for (int k = 0; k < K; k++) {
+            const float w = topw[t * K + k];
+            const float4 y = ye4[((int64_t)t * K + k) * H4 + h];
+            a.x += w * y.x, a.y += w * y.y, a.z += w * y.z, a.w += w * y.w;
         }
-    } else {
-        for (int64_t h = h_first; h < H; h += h_step) {
-            float a = gs * shy[(int64_t)t * H + h];
-#pragma unroll 8
-            for (int k = 0; k < K; k++) a += topw[t * K + k] * ye[((int64_t)t * K + k) * H + h];
-            const float v = x[(int64_t)t * H + h] + a;
-            x[(int64_t)t * H + h] = v;
-            ss += v * v;
-        }
+        float4 v = x4[(int64_t)t * H4 + h];
+        v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+        x4[(int64_t)t * H4 + h] = v;
+        ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
     }
     if (!gain) return;
     ss = block_sum(ss, red);

@@ -25,32 +25,6 @@ __host__ __device__ inline bool pk_ok(const dmat &W) {
     return W.type == 0 && W.bits == 4 && W.group == 64 && W.cols % 64 == 0;
 }
 
-// An 8-bit affine matrix (group 64, one expert) as two 4-bit ones in the MLX layout, for k_gemm_wg:
-// code q = 16 qh + ql, so s q + b = (16 s) qh + b + s ql. Rows [0, R): the high nibbles, scale 16 s (exact
-// in bf16), bias b; rows [R, 2R): the low nibbles, scale s, bias 0. q4: [2R][cols/8] words, s4/b4:
-// [2R][cols/64]. One thread per output word (and per group, for the first cols/64 words of a row... every
-// thread whose word starts a group writes that group's scale and bias).
-__global__ void k_split8(dmat W, uint32_t *q4, __nv_bfloat16 *s4, __nv_bfloat16 *b4) {
-    const int64_t R = W.rows, w4 = W.cols / 8, n = 2 * R * w4;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / w4, w = i % w4, r8 = r % R;
-        const bool hi = r < R;
-        const uint32_t *src = W.q + r8 * (W.cols / 4) + 2 * w; // 8 codes: two 8-bit words
-        uint32_t o = 0;
-#pragma unroll
-        for (int c = 0; c < 8; c++) {
-            const uint32_t code = (src[c >> 2] >> (8 * (c & 3))) & 255u;
-            o |= (hi ? code >> 4 : code & 15u) << (4 * c);
-        }
-        q4[i] = o;
-        if ((w & 7) == 0) { // the group of columns 8w .. 8w + 63
-            const int64_t g = w / 8, gs = r8 * (W.cols / 64) + g, gd = r * (W.cols / 64) + g;
-            s4[gd] = hi ? __float2bfloat16(16.0f * __bfloat162float(W.s[gs])) : W.s[gs];
-            b4[gd] = hi ? W.b[gs] : __float2bfloat16(0.0f);
-        }
-    }
-}
-
 // One uint4 of pk (and one psb entry for lanes < 16) per thread, from the MLX layout.
 __global__ void k_repack4(dmat W, int64_t RB, uint4 *pk, uint32_t *psb) {
     const int64_t ng = W.cols / 64, wpr = W.cols / 8;
