@@ -278,7 +278,7 @@ static bool chunked(const geo &G) { return use_chunk && gdn_chunk_ok(G.dk, G.dv,
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     if (chunked(G)) {
         CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
-        k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS);
+        k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{});
         CKL();
         return;
     }
@@ -288,7 +288,7 @@ static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     if (!recur) { fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2); }
     recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
     CKL();
-    k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS);
+    k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{});
     CKL();
 }
 // k_gdn_step<dk/GDN_G, 4>: a cluster of GDN_SPLIT blocks per v-head, as gdn_layer launches it.

@@ -15,6 +15,9 @@
 // reset by the scan; a second pass over other logits on the same buffers (the
 // next layer) gives the same. Also k_topk_reg<1|2|4> and k_topk at other (E, K).
 // k_argmax: lowest index among ties, the ring slot, step and position updates.
+// The prefill norms that write their output split for the next GEMM (k_add_rmsnorm,
+// k_moe_combine, k_gated_norm with a g4_split): the split byte for byte what k_split_x
+// makes from their output, and the output bit for bit the same as without the split.
 //
 // The CPU reference mirrors the kernels' f32 order of operations where it
 // matters (the softmax sum: per-lane partials, then a butterfly), so only expf
@@ -32,6 +35,7 @@
 #include "../unit/check.h"
 #include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_gemm.cuh" // k_split_x: the reference split of the norms' outputs
 
 // On a grid of 1/256 in [lo, hi): distinct values differ by >= 1/256, so their
 // exponentials differ by far more than expf's error.
@@ -446,6 +450,99 @@ static void test_argmax(void) {
     }
 }
 
+// ---------------------------------------------------------------- norms with their output split
+
+// A split's buffers for rows x cols, every byte 0xff first (so a slot one side leaves unwritten differs).
+struct split_bufs {
+    dbuf<__nv_bfloat16> h, l, sw;
+    dbuf<float> xs;
+    split_bufs(int64_t rows, int64_t cols)
+        : h((size_t)(rows * cols)), l((size_t)(rows * cols)), sw((size_t)wg_xsw_win(rows, (int)(cols / 64), 0)),
+          xs((size_t)(rows * cols / 64)) {
+        h.fill_bytes(0xff), l.fill_bytes(0xff), sw.fill_bytes(0xff), xs.fill_bytes(0xff);
+    }
+    g4_split sp() { return g4_split{h.p, l.p, sw.p, xs.p}; }
+};
+template <typename T> static bool same_bytes(const dbuf<T> &a, const dbuf<T> &b) {
+    const std::vector<T> x = a.get(), y = b.get();
+    return memcmp(x.data(), y.data(), sizeof(T) * x.size()) == 0;
+}
+// The norm's split (fused) against k_split_x<0> of its output y (rows x cols, row stride cols).
+static bool split_matches(split_bufs &fused, const float *y, int64_t rows, int64_t cols) {
+    split_bufs ref(rows, cols);
+    k_split_x<0><<<(unsigned)rows, 256>>>(y, cols, 0, cols, ref.h.p, ref.l.p, ref.xs.p, nullptr, nullptr, 0, ref.sw.p);
+    CKL();
+    return same_bytes(fused.h, ref.h) && same_bytes(fused.l, ref.l) && same_bytes(fused.xs, ref.xs) &&
+           same_bytes(fused.sw, ref.sw);
+}
+static std::vector<float> rnd_vec(size_t n, float a) {
+    std::vector<float> v(n);
+    for (auto &x : v) x = rnd_sym(a);
+    return v;
+}
+
+static void test_norm_split(void) {
+    const float eps = 1e-6f;
+    const g4_split none = {nullptr, nullptr, nullptr, nullptr};
+    int cases = 0;
+    // widths: the model's hidden (32 groups: two whole windows), a partial window (5 groups), one group
+    for (int64_t H : {(int64_t)2048, (int64_t)320, (int64_t)64}) {
+        const int T = 7;
+        const std::vector<float> hx = rnd_vec((size_t)(T * H), 3.0f), hr = rnd_vec((size_t)(T * H), 1.0f),
+                                 hg = rnd_vec((size_t)H, 2.0f);
+        dbuf<float> x((size_t)(T * H)), r((size_t)(T * H)), g((size_t)H), y((size_t)(T * H)), y0((size_t)(T * H));
+        r.put(hr), g.put(hg);
+        // k_add_rmsnorm, with and without the residual add
+        for (int add = 0; add < 2; add++) {
+            x.put(hx);
+            k_add_rmsnorm<<<T, 256>>>(x.p, add ? r.p : nullptr, g.p, y0.p, H, eps, 0, none);
+            CKL();
+            split_bufs f(T, H);
+            x.put(hx);
+            k_add_rmsnorm<<<T, 256>>>(x.p, add ? r.p : nullptr, g.p, y.p, H, eps, 0, f.sp());
+            CKL();
+            CHECKF(same_bytes(y, y0), "k_add_rmsnorm H=%lld add=%d: the output changes with the split", (long long)H, add);
+            CHECKF(split_matches(f, y.p, T, H), "k_add_rmsnorm H=%lld add=%d: split differs from k_split_x's", (long long)H, add);
+            cases++;
+        }
+        // k_moe_combine with the next layer's gain (one block a row)
+        const int K = 8;
+        const std::vector<float> hye = rnd_vec((size_t)(T * K * H), 1.0f), hw = rnd_vec((size_t)(T * K), 1.0f),
+                                 hsh = rnd_vec((size_t)(T * H), 1.0f), hsg = rnd_vec((size_t)T, 2.0f);
+        dbuf<float> ye((size_t)(T * K * H)), w((size_t)(T * K)), sh((size_t)(T * H)), sg((size_t)T);
+        ye.put(hye), w.put(hw), sh.put(hsh), sg.put(hsg);
+        x.put(hx);
+        k_moe_combine<<<dim3((unsigned)T, 1), 256>>>(x.p, ye.p, w.p, K, sh.p, sg.p, H, g.p, y0.p, eps, none);
+        CKL();
+        split_bufs f(T, H);
+        x.put(hx);
+        k_moe_combine<<<dim3((unsigned)T, 1), 256>>>(x.p, ye.p, w.p, K, sh.p, sg.p, H, g.p, y.p, eps, f.sp());
+        CKL();
+        CHECKF(same_bytes(y, y0), "k_moe_combine H=%lld: the output changes with the split", (long long)H);
+        CHECKF(split_matches(f, y.p, T, H), "k_moe_combine H=%lld: split differs from k_split_x's", (long long)H);
+        cases++;
+    }
+    // k_gated_norm, dv = 128: the model's 32 value heads (64 groups a row) and 8 (16: one window)
+    for (int Hv : {32, 8}) {
+        const int T = 5, dv = 128;
+        const int64_t n = (int64_t)T * Hv * dv;
+        const std::vector<float> ho = rnd_vec((size_t)n, 2.0f), hz = rnd_vec((size_t)n, 3.0f), hw = rnd_vec((size_t)dv, 1.5f);
+        dbuf<float> o((size_t)n), o0((size_t)n), z((size_t)n), w((size_t)dv);
+        z.put(hz), w.put(hw);
+        o0.put(ho);
+        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o0.p, z.p, w.p, (int64_t)T, Hv, dv, eps, none);
+        CKL();
+        split_bufs f(T, (int64_t)Hv * dv);
+        o.put(ho);
+        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o.p, z.p, w.p, (int64_t)T, Hv, dv, eps, f.sp());
+        CKL();
+        CHECKF(same_bytes(o, o0), "k_gated_norm Hv=%d: the output changes with the split", Hv);
+        CHECKF(split_matches(f, o.p, T, (int64_t)Hv * dv), "k_gated_norm Hv=%d: split differs from k_split_x's", Hv);
+        cases++;
+    }
+    printf("  norms with their split: %d cases\n", cases);
+}
+
 int main(int argc, char **argv) {
     (void)argv;
     if (argc > 1) { fprintf(stderr, "usage: test_kernels\n"); return 2; }
@@ -457,6 +554,7 @@ int main(int argc, char **argv) {
     TEST(test_routing_real_shape);
     TEST(test_routing_other_shapes);
     TEST(test_argmax);
+    TEST(test_norm_split);
     const int rc = check_summary();
     printf("%s\n", rc ? "FAIL" : "PASS");
     return rc;

@@ -322,7 +322,8 @@ struct lilac_session {
                        // (both null with gemm_wg: k_split_x then writes no pieces)
     float *xsig;
     int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
-    bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by input_mats)
+    bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by whatever writes xn or the split)
+    bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
@@ -707,7 +708,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     }
     const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
     s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
-    const char *e_gp = getenv("LILAC_GEMM_PAIR");
+    const char *e_gp = getenv("LILAC_GEMM_PAIR"), *e_ns = getenv("LILAC_NORM_SPLIT");
+    s->norm_split = !(e_ns && !strcmp(e_ns, "0"));
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
@@ -879,6 +881,18 @@ static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, 
     return 0;
 }
 
+// Where a prefill norm that writes `rows` x `cols` of a GEMM's input puts the input's split (g4_split:
+// none, xh null, where k_split_x must make it: with k_gemm_q<4>'s int8 pieces, which the norms do not
+// write, or where it would not fit). The caller marks what the split then holds (xn_split).
+static g4_split norm_split(const lilac_session *s, int64_t rows, int64_t cols) {
+    g4_split sp = {nullptr, nullptr, nullptr, nullptr};
+    if (!s->norm_split || s->xq || cols % 64 || rows * cols > s->xq_plane ||
+        (s->xsw && wg_xsw_win(rows, (int)(cols / 64), 0) > s->xsw_n))
+        return sp;
+    sp.xh = s->xh, sp.xl = s->xl, sp.xsw = s->xsw, sp.xs = s->xsum;
+    return sp;
+}
+
 // y = W x for T tokens: GEMV for one token, tensor-core GEMM otherwise.
 // accum (one token only): y += W x.
 // The quantized tensor-core GEMM (cuda_gemm.cuh) for n matrices of the same bit
@@ -952,9 +966,9 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
                       const float *gain, float *xn_out, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden;
     if (T > 1) {
-        // one split of xn; one GEMM launch per bit width for the quantized matrices
-        s->xn_split = false; // xn was just rewritten: any earlier split is stale
-        bool split = false;
+        // one split of xn (none when the norm that wrote xn split it); one GEMM launch per bit width for the
+        // quantized matrices
+        bool split = s->xn_split;
         for (int bits = 4; bits <= 8; bits += 4) {
             dmat Wq[G4_MATS];
             float *yq[G4_MATS];
@@ -980,11 +994,13 @@ static int input_mats(lilac_session *s, int n, const dmat *W, float *const *y, c
 }
 
 // Mixer output: one token adds it to the residual stream in the GEMV itself;
-// several tokens write s->r (added by the following k_add_rmsnorm).
-static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ldx, int T, lilac_err *err) {
+// several tokens write s->r (added by the following k_add_rmsnorm). split_ready: xh/xl hold x's split.
+static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ldx, int T, lilac_err *err,
+                     bool split_ready = false) {
     const int64_t H = s->m->cfg.hidden;
     if (T == 1 && (s->ablate & ABL_OUTPROJ)) return 0; // LILAC_ABLATE
-    return T == 1 ? matmul(s, W, x, ldx, s->x, H, 1, XM_PLAIN, 0, err, 1) : matmul(s, W, x, ldx, s->r, H, T, XM_PLAIN, 0, err);
+    return T == 1 ? matmul(s, W, x, ldx, s->x, H, 1, XM_PLAIN, 0, err, 1)
+                  : matmul(s, W, x, ldx, s->r, H, T, XM_PLAIN, 0, err, 0, split_ready);
 }
 
 static int conv_launch(lilac_session *s, const float *w, float *state, int T, lilac_err *err) {
@@ -1008,6 +1024,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     const lilac_config *c = &s->m->cfg;
     const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
     const int Hv = c->lin_v_heads;
+    g4_split o_split = {nullptr, nullptr, nullptr, nullptr}; // (k_gated_norm's, below)
     const dmat W[4] = {d.in_qkv, d.in_z, d.in_b, d.in_a};
     float *const Y[4] = {s->qkv, s->z, s->bb, s->ba};
     const int64_t LD[4] = {CD, VD, Hv, Hv};
@@ -1048,12 +1065,15 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
             CKL();
         }
         prof_mark(s, PH_GDN_RECUR);
+        // o's split for out_proj too, where a warp's 128 values are two whole groups and the windows whole
+        o_split = c->lin_v_dim == 128 && Hv % 8 == 0 ? norm_split(s, T, VD) : o_split;
         pdl_launch(s, k_gated_norm, (unsigned)(((int64_t)T * Hv + 7) / 8), 256, 0, s->o, s->z, d.gdn_norm, (int64_t)T, Hv,
-                   c->lin_v_dim, c->rms_eps);
+                   c->lin_v_dim, c->rms_eps, o_split);
         CKL();
+        if (o_split.xh) s->xn_split = false; // the split is o's now
     }
     prof_mark(s, PH_GDN_CORE);
-    return mixer_out(s, d.out_proj, s->o, VD, T, err);
+    return mixer_out(s, d.out_proj, s->o, VD, T, err, o_split.xh != nullptr);
 }
 
 static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
@@ -1156,7 +1176,7 @@ static bool moe_side_ok(const lilac_session *s, const dlayer &d, int64_t SI) {
 }
 static int moe_shared_side(lilac_session *s, const dlayer &d, int T, lilac_err *err) {
     const int64_t H = s->m->cfg.hidden, SI = s->m->cfg.shared_inter;
-    if (split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
+    if (!s->xn_split && split_x(s, s->xn, H, 0, XM_PLAIN, T, H, err) < 0) return -1;
     s->xn_split = true;
     CK(cudaEventRecord(s->ev_fork, s->st));
     CK(cudaStreamWaitEvent(s->st2, s->ev_fork, 0));
@@ -1325,8 +1345,10 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     if (combined) return 0;
     if (side) CK(cudaStreamWaitEvent(s->st, s->ev_join, 0)); // the shared expert's shy
     const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H / 4 + 255) / 256)); // (four columns a thread)
-    pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps);
+    const g4_split sp = next_gain ? norm_split(s, T, H) : g4_split{nullptr, nullptr, nullptr, nullptr};
+    pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps, sp);
     CKL();
+    if (next_gain) s->xn_split = sp.xh != nullptr;
     return 0;
 }
 
@@ -1347,15 +1369,19 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     for (int l = 0; l < c->n_layers; l++) {
         const dlayer &d = D->layers[(size_t)l];
         if (l == 0 && T > 1) {
-            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0);
+            const g4_split sp = norm_split(s, T, H);
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0, sp);
             CKL();
+            s->xn_split = sp.xh != nullptr;
         }
         prof_mark(s, PH_EMBED);
         if (c->is_full[l] ? attn_layer(s, d, l, T, err) : gdn_layer(s, d, l, T, err)) return -1;
         prof_mark(s, c->is_full[l] ? PH_ATTN_PROJ : PH_GDN_PROJ);
         if (T > 1) {
-            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0);
+            const g4_split sp = norm_split(s, T, H);
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0, sp);
             CKL();
+            s->xn_split = sp.xh != nullptr;
         }
         prof_mark(s, PH_EMBED);
         const float *next = T > 1 && l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr;
@@ -1377,8 +1403,10 @@ static int head(lilac_session *s, int row0, int n, lilac_err *err) {
         j.eps = c->rms_eps;
         return gemv(s, j, XM_NORM, s->x + (int64_t)row0 * c->hidden, c->hidden, 0, nullptr, 1, 0, err);
     }
-    pdl_launch(s, k_add_rmsnorm, n, 256, 0, s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0);
+    pdl_launch(s, k_add_rmsnorm, n, 256, 0, s->x, nullptr, s->D->final_norm, s->xn, c->hidden, c->rms_eps, row0,
+               g4_split{nullptr, nullptr, nullptr, nullptr});
     CKL();
+    s->xn_split = false;
     return matmul(s, s->D->lm_head, s->xn, c->hidden, s->logits_all, c->vocab, n, XM_PLAIN, 0, err);
 }
 

@@ -72,6 +72,33 @@ __device__ __forceinline__ void g4_put_xsw(__nv_bfloat16 *xsw, int64_t r, int ng
     xsw[at + 32] = __float2bfloat16(s - __bfloat162float(h) - __bfloat162float(m));
 }
 
+// Where a split goes (k_split_x's outputs but the int8 pieces): the bf16 parts xh/xl [row][cols], the
+// f32 group sums xs [row][cols/64] and, for k_gemm_wg, the same sums in its windows (xsw: may be null).
+// The prefill norms that make a GEMM's input (k_add_rmsnorm, k_moe_combine, k_gated_norm) write it too
+// when given one (xh not null), so that k_split_x need not read their output again.
+struct g4_split {
+    __nv_bfloat16 *xh, *xl, *xsw;
+    float *xs;
+};
+// One thread's four values e at column c of row r (cols a multiple of 64) into the split: every lane of
+// the warp calls it (16 consecutive lanes, threadIdx.x & 15 = 0 first, hold a group of 64 columns);
+// in: c < cols (a whole group's lanes agree).
+__device__ __forceinline__ void g4_split4(const g4_split &o, const float (&e)[4], bool in, int64_t r, int64_t c,
+                                          int64_t cols) {
+    if (in) g4_put_parts(e, o.xh, o.xl, r * cols + c);
+    const float s = g4_group_sum(e);
+    if (in && (threadIdx.x & 15) == 0) {
+        o.xs[r * (cols / 64) + c / 64] = s;
+        if (o.xsw) g4_put_xsw(o.xsw, r, (int)(cols / 64), (int)(c / 64), s);
+    }
+}
+// A partial last window's empty slots of row r (zero: k_gemm_wg's bias product reads them); threads
+// 0 .. 47 of the row's block.
+__device__ __forceinline__ void g4_split_pad(const g4_split &o, int64_t r, int ng) {
+    if (o.xsw && (ng & 15) && threadIdx.x < 48 && (int)(threadIdx.x & 15) >= (ng & 15))
+        o.xsw[wg_xsw_win(r, ng, (ng - 1) / 16) + threadIdx.x] = __float2bfloat16(0.0f);
+}
+
 // The two codes at bits 0-3 and 16-19 of w as an exact bf16x2: (128 + q) - 128, the first step one lop3.
 __device__ __forceinline__ uint32_t pk_frag2(uint32_t w) {
 #ifdef LILAC_CUEMU // the same bits: q exact in bf16 (its top 16 bits as f32)

@@ -113,9 +113,8 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
     pdl_wait();
     const int64_t r = blockIdx.x;
     const float *xr = x + r * ldx;
-    const int ng = (int)(cols / 64);
-    if (xsw && (ng & 15) && threadIdx.x < 48 && (int)(threadIdx.x & 15) >= (ng & 15)) // a partial last window's empty slots
-        xsw[wg_xsw_win(r, ng, (ng - 1) / 16) + threadIdx.x] = __float2bfloat16(0.0f);
+    const g4_split sp = {xh, xl, xsw, xs};
+    g4_split_pad(sp, r, (int)(cols / 64));
     // every thread runs every round (the group sum is a 16-lane shuffle); cols % 64 == 0
     for (int64_t c0 = 0; c0 < cols; c0 += (int64_t)blockDim.x * 4) {
         const int64_t c = c0 + (int64_t)threadIdx.x * 4;
@@ -130,12 +129,7 @@ __global__ void __launch_bounds__(256) k_split_x(const float *x, int64_t ldx, in
         }
         if (!in) v = make_float4(0.f, 0.f, 0.f, 0.f);
         const float e[4] = {v.x, v.y, v.z, v.w};
-        if (in) g4_put_parts(e, xh, xl, r * cols + c);
-        const float s = g4_group_sum(e); // 16 consecutive threads cover one group of 64 columns
-        if (in && (threadIdx.x & 15) == 0) {
-            xs[r * (cols / 64) + c / 64] = s;
-            if (xsw) g4_put_xsw(xsw, r, ng, (int)(c / 64), s);
-        }
+        g4_split4(sp, e, in, r, c, cols); // 16 consecutive threads cover one group of 64 columns
         if (xq) { // the pieces: x = sigma (a + b/128 + c/16384), sigma = max|x| / 127 over the group
             float m = fmaxf(fmaxf(fabsf(e[0]), fabsf(e[1])), fmaxf(fabsf(e[2]), fabsf(e[3])));
 #pragma unroll

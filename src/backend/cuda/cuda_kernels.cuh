@@ -6,6 +6,7 @@
 #include <mma.h>
 
 #include "cuda_common.cuh"
+#include "cuda_g4.cuh" // g4_split: the prefill norms write their output split for the GEMM after them
 
 // ---------------------------------------------------------------- embedding / norms
 
@@ -29,9 +30,34 @@ __global__ void k_embed(dmat E, const int *ids, float *x) {
     xo[c] = __bfloat162float(E.s[g]) * q + __bfloat162float(E.b[g]);
 }
 
+// Row y = x * inv * gain of H columns (a multiple of 64), four a thread, and into the split sp of row
+// `row` when sp.xh: the same bits k_split_x would make from y (run 113: its 120 launches of a 4k prefill,
+// 3.0 ms, mostly re-read what a norm had just written). After a barrier: xr may be another thread's writes.
+__device__ __forceinline__ void norm_row_out(const float *xr, float inv, const float *gain, float *yr, int64_t H,
+                                             const g4_split &sp, int64_t row) {
+    if (!sp.xh) {
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * gain[i];
+        return;
+    }
+    g4_split_pad(sp, row, (int)(H / 64));
+    for (int64_t c0 = 0; c0 < H; c0 += (int64_t)blockDim.x * 4) { // every thread every round (the group sums)
+        const int64_t c = c0 + (int64_t)threadIdx.x * 4;
+        const bool in = c < H;
+        float e[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (in) {
+            const float4 v = *(const float4 *)(xr + c), g = *(const float4 *)(gain + c);
+            e[0] = v.x * inv * g.x, e[1] = v.y * inv * g.y, e[2] = v.z * inv * g.z, e[3] = v.w * inv * g.w;
+            *(float4 *)(yr + c) = make_float4(e[0], e[1], e[2], e[3]);
+        }
+        g4_split4(sp, e, in, row, c, H);
+    }
+}
+
 // Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
-// Row t of x is row t of y; rows [row0, row0 + gridDim.x).
-__global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0) {
+// Row t of x is row t of y; rows [row0, row0 + gridDim.x). sp.xh: y's rows also split (row t of y is
+// row t of the split; H a multiple of 64).
+__global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0,
+                              g4_split sp) {
     pdl_wait();
     __shared__ float sh[32];
     const int64_t t = row0 + blockIdx.x;
@@ -44,8 +70,7 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
     }
     ss = block_sum(ss, sh);
     const float inv = rsqrtf(ss / (float)H + eps);
-    float *yr = y + (int64_t)blockIdx.x * H;
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = xr[i] * inv * gain[i];
+    norm_row_out(xr, inv, gain, y + (int64_t)blockIdx.x * H, H, sp, blockIdx.x);
 }
 
 // ---------------------------------------------------------------- matrix-vector (decode): the job, row dots
@@ -747,9 +772,10 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
 
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each,
 // eight to a block (grid: rows * Hv / 8), four values a load where dv allows (run
-// 110: one warp a block, one float a load, 96 us a 4k layer, ~2 TB/s).
+// 110: one warp a block, one float a load, 96 us a 4k layer, ~2 TB/s). sp.xh (dv = 128 only:
+// a warp's lanes then hold two whole groups): o also split, row t of width Hv * dv (the out_proj input).
 __global__ void __launch_bounds__(256) k_gated_norm(float *o, const float *z, const float *w, int64_t rows, int Hv, int dv,
-                                                    float eps) {
+                                                    float eps, g4_split sp) {
     pdl_wait();
     const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); // (token, head) = (r / Hv, r % Hv)
     const int lane = threadIdx.x & 31;
@@ -767,8 +793,10 @@ __global__ void __launch_bounds__(256) k_gated_norm(float *o, const float *z, co
         const float inv = rsqrtf(ss / (float)dv + eps);
         for (int m = lane; m < dv / 4; m += 32) {
             const float4 v = o4[m], zz = z4[m], g = w4[m];
-            o4[m] = make_float4(v.x * inv * g.x * (zz.x / (1.0f + expf(-zz.x))), v.y * inv * g.y * (zz.y / (1.0f + expf(-zz.y))),
-                                v.z * inv * g.z * (zz.z / (1.0f + expf(-zz.z))), v.w * inv * g.w * (zz.w / (1.0f + expf(-zz.w))));
+            const float e[4] = {v.x * inv * g.x * (zz.x / (1.0f + expf(-zz.x))), v.y * inv * g.y * (zz.y / (1.0f + expf(-zz.y))),
+                                v.z * inv * g.z * (zz.z / (1.0f + expf(-zz.z))), v.w * inv * g.w * (zz.w / (1.0f + expf(-zz.w)))};
+            o4[m] = make_float4(e[0], e[1], e[2], e[3]);
+            if (dv == 128 && sp.xh) g4_split4(sp, e, true, r / Hv, (r % Hv) * 128 + 4 * m, (int64_t)Hv * 128);
         }
         return;
     }
@@ -1111,7 +1139,7 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
 // and four-wide loads keep 4x the bytes in flight (run 110: 146 us a layer,
 // ~2.7 TB/s, with one float a load; run 113: 108 us).
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
-                              int64_t H, const float *gain, float *xn, float eps) {
+                              int64_t H, const float *gain, float *xn, float eps, g4_split sp) {
     pdl_wait();
     __shared__ float red[32];
     const int t = blockIdx.x;
@@ -1138,7 +1166,7 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
     if (!gain) return;
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)H + eps);
-    for (int64_t h = threadIdx.x; h < H; h += blockDim.x) xn[(int64_t)t * H + h] = x[(int64_t)t * H + h] * inv * gain[h];
+    norm_row_out(x + (int64_t)t * H, inv, gain, xn + (int64_t)t * H, H, sp, t);
 }
 
 // ---------------------------------------------------------------- head
