@@ -25,6 +25,8 @@
 // and, on the prefill path, the intermediates (to say which kernel is wrong):
 //   k_conv's output, k_gdn_prep's q/k/v rows   <= 1e-5 relative, per part
 //   k_gdn_prep's beta and decay                <= 1e-6 absolute
+//   where dk = 128: k_conv with the prep fused (the backend's launch there) against the two launches, from the
+//   same conv state: conv output, beta, decay, log decays and both conv buffers byte for byte
 // Token counts cover the tiling: k_conv segments of CONV_TS = 32 tokens,
 // k_gdn_recur staging buffers of 16 tokens (8 where a key row's padded length exceeds 160). Every prefill is
 // followed by decode steps, and the reference is checked once more against one
@@ -61,6 +63,7 @@ static float rnd_normal(float sd) { // Box-Muller
 enum { KC = 4 };               // conv width: the model's, and the only one k_gdn_step is built for
 static const float EPS = 1e-6f; // rms_eps (the gated norm)
 static const double TOL_O = 1e-4, TOL_S = 1e-4, TOL_STAGE = 1e-5, TOL_GATE = 1e-6;
+static int fused_cases = 0; // prefill segments whose fused conv + prep was compared with the two launches
 
 struct geo {
     int Hk, Hv, dk, dv;
@@ -260,8 +263,19 @@ struct gpu_bufs {
 static void launch_conv(const geo &G, gpu_bufs &d, int T) {
     const int64_t CD = G.CD();
     const dim3 g((unsigned)((CD + 127) / 128), (unsigned)((T + CONV_TS - 1) / CONV_TS));
-    k_conv<KC><<<g, 128>>>(d.qkv.p, d.conv2.p, d.convw.p, d.conv_out.p, T, CD, d.pos.p);
+    k_conv<KC><<<g, 128>>>(d.qkv.p, d.conv2.p, d.convw.p, d.conv_out.p, T, CD, d.pos.p, gdn_prep_args{});
     CKL();
+}
+// k_conv with k_gdn_prep's work fused (gdn_layer's launch where dk = 128).
+static void launch_conv_prep(const geo &G, gpu_bufs &d, int T) {
+    const int64_t CD = G.CD();
+    const dim3 g((unsigned)((CD + 127) / 128), (unsigned)((T + CONV_TS - 1) / CONV_TS));
+    const gdn_prep_args pp = {2 * G.Hk, G.Hk, G.Hv, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, d.beta.p, d.decay.p, d.lgd.p};
+    k_conv<KC><<<g, 128>>>(d.qkv.p, d.conv2.p, d.convw.p, d.conv_out.p, T, CD, d.pos.p, pp);
+    CKL();
+}
+template <typename T> static bool same_bytes(const std::vector<T> &a, const std::vector<T> &b) {
+    return a.size() == b.size() && memcmp(a.data(), b.data(), sizeof(T) * a.size()) == 0;
 }
 static void launch_prep(const geo &G, gpu_bufs &d, int T) {
     k_gdn_prep<<<T, 256>>>(d.conv_out.p, G.CD(), 2 * G.Hk, G.Hk, G.dk, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, G.Hv,
@@ -388,6 +402,7 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
             launch_step(G, d);
             ref_prep(G, in, t0, n, c, beta, decay);
         } else {
+            const std::vector<float> conv0 = d.conv2.get(); // (the fused launch below starts from it again)
             launch_conv(G, d, n);
             const std::vector<float> gc = d.conv_out.get((size_t)(n * CD));
             const double e_conv = rel_err(gc.data(), c.data(), 1, n * CD, 0, n * CD);
@@ -409,6 +424,18 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
             CHECKF(e_gate <= TOL_GATE, "%s segment %zu: k_gdn_prep beta/decay off by %.3e (absolute)", label.c_str(), si,
                    e_gate);
             ok = ok && e_conv <= TOL_STAGE && e_qkv <= TOL_STAGE && e_gate <= TOL_GATE;
+            if (G.dk == 128) { // the fused conv + prep: every output byte for byte that of the two launches
+                const std::vector<float> lg = d.lgd.get((size_t)n * G.Hv), cs = d.conv2.get();
+                d.conv2.put(conv0);
+                d.conv_out.fill_bytes(0xff), d.beta.fill_bytes(0xff), d.decay.fill_bytes(0xff), d.lgd.fill_bytes(0xff);
+                launch_conv_prep(G, d, n);
+                const bool same = same_bytes(d.conv_out.get((size_t)(n * CD)), gq) && same_bytes(d.beta.get((size_t)n * G.Hv), gb) &&
+                                  same_bytes(d.decay.get((size_t)n * G.Hv), ga) && same_bytes(d.lgd.get((size_t)n * G.Hv), lg) &&
+                                  same_bytes(d.conv2.get(), cs);
+                CHECKF(same, "%s segment %zu: k_conv with the prep fused differs from k_conv + k_gdn_prep", label.c_str(), si);
+                ok = ok && same;
+                fused_cases++;
+            }
             launch_recur_norm(G, d, n);
         }
         ref_recur(G, in, t0, n, c, beta, decay, st.S, o);
@@ -620,6 +647,7 @@ int main(int argc, char **argv) {
         TEST(test_small_shapes);
     }
     printf("cases: %d run, %d failed\n", cases_run, cases_failed);
+    if (fused_cases) printf("k_conv with the prep fused: %d segment(s), byte for byte k_conv + k_gdn_prep\n", fused_cases);
     const int rc = check_summary();
     printf("%s\n", rc ? "FAIL" : "PASS");
     return rc;

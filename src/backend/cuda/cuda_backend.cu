@@ -324,6 +324,7 @@ struct lilac_session {
     int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by whatever writes xn or the split)
     bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
+    bool conv_prep;  // a prefill's k_conv does k_gdn_prep's work where dk = 128 (LILAC_CONV_PREP=0: off)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
@@ -710,6 +711,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
     const char *e_gp = getenv("LILAC_GEMM_PAIR"), *e_ns = getenv("LILAC_NORM_SPLIT");
     s->norm_split = !(e_ns && !strcmp(e_ns, "0"));
+    const char *e_cp = getenv("LILAC_CONV_PREP");
+    s->conv_prep = !(e_cp && !strcmp(e_cp, "0"));
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
@@ -1003,18 +1006,19 @@ static int mixer_out(lilac_session *s, const dmat &W, const float *x, int64_t ld
                   : matmul(s, W, x, ldx, s->r, H, T, XM_PLAIN, 0, err, 0, split_ready);
 }
 
-static int conv_launch(lilac_session *s, const float *w, float *state, int T, lilac_err *err) {
+// pp.qk_heads > 0: k_gdn_prep's work too (gdn_prep_args)
+static int conv_launch(lilac_session *s, const float *w, float *state, int T, const gdn_prep_args &pp, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t CD = cfg_conv_dim(c);
     const dim3 g((unsigned)((CD + 127) / 128), (unsigned)((T + CONV_TS - 1) / CONV_TS));
     switch (c->conv_kernel) {
-    case 2: pdl_launch(s, k_conv<2>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    case 3: pdl_launch(s, k_conv<3>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    case 4: pdl_launch(s, k_conv<4>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    case 5: pdl_launch(s, k_conv<5>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    case 6: pdl_launch(s, k_conv<6>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    case 7: pdl_launch(s, k_conv<7>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
-    default: pdl_launch(s, k_conv<8>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos); break;
+    case 2: pdl_launch(s, k_conv<2>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    case 3: pdl_launch(s, k_conv<3>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    case 4: pdl_launch(s, k_conv<4>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    case 5: pdl_launch(s, k_conv<5>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    case 6: pdl_launch(s, k_conv<6>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    case 7: pdl_launch(s, k_conv<7>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
+    default: pdl_launch(s, k_conv<8>, g, 128, 0, s->qkv, state, w, s->conv_out, T, CD, s->d_pos, pp); break;
     }
     CKL();
     return 0;
@@ -1048,10 +1052,16 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
 #undef STEP
         CKL();
     } else {
-        if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, err) < 0) return -1;
-        pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb, s->ba,
-                                         d.A_log, d.dt_bias, Hv, s->beta, s->decay, s->lgd);
-        CKL();
+        // dk = 128: a conv block is one q/k head, and the conv normalises the heads and makes the gates itself
+        gdn_prep_args pp = {0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+        if (c->lin_k_dim == 128 && s->conv_prep)
+            pp = {2 * c->lin_k_heads, c->lin_k_heads, Hv, s->bb, s->ba, d.A_log, d.dt_bias, s->beta, s->decay, s->lgd};
+        if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, pp, err) < 0) return -1;
+        if (!pp.qk_heads) {
+            pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb,
+                       s->ba, d.A_log, d.dt_bias, Hv, s->beta, s->decay, s->lgd);
+            CKL();
+        }
         prof_mark(s, PH_GDN_CONV);
         if (s->gdn_scratch && T >= s->gdn_chunk_min) { // the chunked form
             CK(gdn_chunk_launch(s->conv_out, CD, KD, c->lin_k_heads, Hv, s->beta, s->lgd, s->ssm[(size_t)l], s->o, T,

@@ -379,18 +379,57 @@ __global__ void __launch_bounds__(128) k_gemm_tc(dmat W, const float *x, int64_t
 // blocks read a shared q/k channel while one of them writes its update. Here
 // only the segment-0 thread of a channel touches its state (reads first, writes
 // last), so the two buffers may coincide (T even) without a race.
+// The gates of a v-head: beta = sigmoid(b), decay = exp(g), g = -exp(A_log) softplus(a + dt_bias);
+// returns g (the chunked prefill, cuda_gdn_chunk.cuh, sums it).
+__device__ __forceinline__ float gdn_gates(float b, float a, float dt_bias, float A_log, float &beta, float &decay) {
+    beta = 1.0f / (1.0f + expf(-b));
+    const float xa = a + dt_bias, g = -expf(A_log) * (xa > 20.0f ? xa : log1pf(expf(xa)));
+    decay = expf(g);
+    return g;
+}
+
+// The L2 scale of one q or k head's dk values at v (a q head's with 1/sqrt(dk) too), by one warp: k_gdn_prep
+// and k_conv's fused prep share it (the same loop, so the same bits).
+__device__ __forceinline__ float gdn_qk_scale(const float *v, int dk, bool is_q) {
+    const int lane = threadIdx.x & 31;
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss += v[i] * v[i];
+    ss = warp_sum(ss);
+    return (is_q ? rsqrtf((float)dk) : 1.0f) / sqrtf(ss + 1e-6f);
+}
+
+// k_gdn_prep's work, when k_conv does it (qk_heads > 0): the q/k heads' L2 scales and the gates.
+struct gdn_prep_args {
+    int qk_heads, Hk, Hv; // q and k heads (the first qk_heads * 128 channels), of them q, v heads
+    const float *bb, *ba, *A_log, *dt_bias;
+    float *beta, *decay, *lgd; // lgd may be null
+};
+
 #define CONV_TS 32
 template <int K>
 // (qkv and out never alias. Marking them __restrict__ and unrolling the token loop left a 4k layer's 90 us,
 // ~3 TB/s, as it was: run 113)
+// pp.qk_heads > 0 (blocks of 128 threads, dk = 128: a block of the first qk_heads is one head): k_gdn_prep
+// fused, so that its pass over the q/k rows goes (run 113: 37 us a 4k layer): a q/k block scales its
+// segment's outputs by their heads' L2 scales before it stores them, and block x = 0 computes the
+// segment's gates; the same bits as k_conv then k_gdn_prep.
 __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float *w, float *__restrict__ out, int T, int64_t CD,
-                       const int *d_pos) {
+                       const int *d_pos, gdn_prep_args pp) {
     // segments past the first take their window from qkv alone, never from the state
     static_assert(K - 1 <= CONV_TS, "a conv window longer than a token segment would read the state buffer");
+    __shared__ float ys[CONV_TS][128], sc[CONV_TS]; // a q/k block's outputs, their scales
     pdl_wait();
     const int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (ch >= CD) return;
     const int t0 = blockIdx.y * CONV_TS, t1 = min(T, t0 + CONV_TS);
+    const bool qk = (int)blockIdx.x < pp.qk_heads; // (the whole block)
+    if (pp.qk_heads > 0 && blockIdx.x == 0) // the gates of the segment's tokens
+        for (int i = threadIdx.x; i < (t1 - t0) * pp.Hv; i += blockDim.x) {
+            const int64_t at = (int64_t)t0 * pp.Hv + i;
+            const int j = i % pp.Hv;
+            const float g = gdn_gates(pp.bb[at], pp.ba[at], pp.dt_bias[j], pp.A_log[j], pp.beta[at], pp.decay[at]);
+            if (pp.lgd) pp.lgd[at] = g;
+        }
+    if (ch >= CD) return;
     const int p = *d_pos;
     const float *rd = state2 + (int64_t)(p & 1) * (K - 1) * CD;
     float win[K], wc[K];
@@ -410,9 +449,24 @@ __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float
         float acc = 0.0f;
 #pragma unroll
         for (int k = 0; k < K; k++) acc += wc[k] * win[k];
-        out[(int64_t)t * CD + ch] = acc / (1.0f + expf(-acc));
+        const float y = acc / (1.0f + expf(-acc));
+        if (qk) ys[t - t0][threadIdx.x] = y;
+        else out[(int64_t)t * CD + ch] = y;
 #pragma unroll
         for (int k = 0; k < K - 1; k++) win[k] = win[k + 1];
+    }
+    if (qk) { // (a q/k block has every thread: qk_heads * 128 <= CD)
+        __syncthreads();
+        for (int i = threadIdx.x >> 5; i < t1 - t0; i += blockDim.x >> 5) {
+            const float f = gdn_qk_scale(ys[i], 128, (int)blockIdx.x < pp.Hk);
+            if ((threadIdx.x & 31) == 0) sc[i] = f;
+        }
+        __syncthreads();
+        for (int t = t0; t < t1; t++) {
+            float y = ys[t - t0][threadIdx.x];
+            y *= sc[t - t0];
+            out[(int64_t)t * CD + ch] = y;
+        }
     }
     if (blockIdx.y == 0) { // new state: the raw inputs at tokens T-(K-1) .. T-1
         float *wr = state2 + (int64_t)((p + T) & 1) * (K - 1) * CD;
@@ -426,15 +480,6 @@ __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float
             wr[(int64_t)k * CD + ch] = tt >= 0 ? qkv[(int64_t)tt * CD + ch] : v;
         }
     }
-}
-
-// The gates of a v-head: beta = sigmoid(b), decay = exp(g), g = -exp(A_log) softplus(a + dt_bias);
-// returns g (the chunked prefill, cuda_gdn_chunk.cuh, sums it).
-__device__ __forceinline__ float gdn_gates(float b, float a, float dt_bias, float A_log, float &beta, float &decay) {
-    beta = 1.0f / (1.0f + expf(-b));
-    const float xa = a + dt_bias, g = -expf(A_log) * (xa > 20.0f ? xa : log1pf(expf(xa)));
-    decay = expf(g);
-    return g;
 }
 
 // One decode step of the delta rule for state column m: the thread holds keys
@@ -481,10 +526,7 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
     float *row = conv_out + (int64_t)t * CD;
     for (int h = warp; h < n_qk_heads; h += nw) {
         float *v = row + (int64_t)h * dk;
-        float ss = 0.0f;
-        for (int i = lane; i < dk; i += 32) ss += v[i] * v[i];
-        ss = warp_sum(ss);
-        const float sc = (h < Hk ? rsqrtf((float)dk) : 1.0f) / sqrtf(ss + 1e-6f);
+        const float sc = gdn_qk_scale(v, dk, h < Hk);
         for (int i = lane; i < dk; i += 32) v[i] *= sc;
     }
     for (int j = threadIdx.x; j < Hv; j += blockDim.x) {
