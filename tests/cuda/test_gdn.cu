@@ -270,7 +270,7 @@ static void launch_conv(const geo &G, gpu_bufs &d, int T) {
 static void launch_conv_prep(const geo &G, gpu_bufs &d, int T) {
     const int64_t CD = G.CD();
     const dim3 g((unsigned)((CD + 127) / 128), (unsigned)((T + CONV_TS - 1) / CONV_TS));
-    const gdn_prep_args pp = {2 * G.Hk, G.Hk, G.Hv, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, d.beta.p, d.decay.p, d.lgd.p};
+    const gdn_prep_args pp = {2 * G.Hk, G.Hk, G.Hv, G.dk, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, d.beta.p, d.decay.p, d.lgd.p};
     k_conv<KC><<<g, 128>>>(d.qkv.p, d.conv2.p, d.convw.p, d.conv_out.p, T, CD, d.pos.p, pp);
     CKL();
 }
@@ -292,7 +292,7 @@ static bool chunked(const geo &G) { return use_chunk && gdn_chunk_ok(G.dk, G.dv,
 static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     if (chunked(G)) {
         CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
-        k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{});
+        k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{}, false);
         CKL();
         return;
     }
@@ -302,7 +302,7 @@ static void launch_recur_norm(const geo &G, gpu_bufs &d, int T) {
     if (!recur) { fprintf(stderr, "no k_gdn_recur for dk = %d\n", G.dk); exit(2); }
     recur<<<g, 128>>>(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, G.dv, d.beta.p, d.decay.p, d.ssm.p, d.o.p, T);
     CKL();
-    k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{});
+    k_gated_norm<<<(unsigned)((T * G.Hv + 7) / 8), 256>>>(d.o.p, d.z.p, d.nw.p, (int64_t)T, G.Hv, G.dv, EPS, g4_split{}, false);
     CKL();
 }
 // k_gdn_step<dk/GDN_G, 4>: a cluster of GDN_SPLIT blocks per v-head, as gdn_layer launches it.
@@ -429,10 +429,12 @@ static bool run_case(const geo &G, int p0, const std::vector<seg> &segs) {
                 d.conv2.put(conv0);
                 d.conv_out.fill_bytes(0xff), d.beta.fill_bytes(0xff), d.decay.fill_bytes(0xff), d.lgd.fill_bytes(0xff);
                 launch_conv_prep(G, d, n);
-                const bool same = same_bytes(d.conv_out.get((size_t)(n * CD)), gq) && same_bytes(d.beta.get((size_t)n * G.Hv), gb) &&
-                                  same_bytes(d.decay.get((size_t)n * G.Hv), ga) && same_bytes(d.lgd.get((size_t)n * G.Hv), lg) &&
-                                  same_bytes(d.conv2.get(), cs);
-                CHECKF(same, "%s segment %zu: k_conv with the prep fused differs from k_conv + k_gdn_prep", label.c_str(), si);
+                const bool s_out = same_bytes(d.conv_out.get((size_t)(n * CD)), gq), s_beta = same_bytes(d.beta.get((size_t)n * G.Hv), gb),
+                           s_dec = same_bytes(d.decay.get((size_t)n * G.Hv), ga), s_lgd = same_bytes(d.lgd.get((size_t)n * G.Hv), lg),
+                           s_st = same_bytes(d.conv2.get(), cs), same = s_out && s_beta && s_dec && s_lgd && s_st;
+                CHECKF(same, "%s segment %zu: k_conv with the prep fused differs from k_conv + k_gdn_prep in%s%s%s%s%s", label.c_str(),
+                       si, s_out ? "" : " q/k/v", s_beta ? "" : " beta", s_dec ? "" : " decay", s_lgd ? "" : " log decays",
+                       s_st ? "" : " conv state");
                 ok = ok && same;
                 fused_cases++;
             }

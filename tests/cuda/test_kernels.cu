@@ -17,7 +17,8 @@
 // k_argmax: lowest index among ties, the ring slot, step and position updates.
 // The prefill norms that write their output split for the next GEMM (k_add_rmsnorm,
 // k_moe_combine, k_gated_norm with a g4_split): the split byte for byte what k_split_x
-// makes from their output, and the output bit for bit the same as without the split.
+// makes from their output, the output bit for bit the same as without the split, and the same split
+// when they write no output (only the split is read).
 //
 // The CPU reference mirrors the kernels' f32 order of operations where it
 // matters (the softmax sum: per-lane partials, then a butterfly), so only expf
@@ -503,6 +504,13 @@ static void test_norm_split(void) {
             CKL();
             CHECKF(same_bytes(y, y0), "k_add_rmsnorm H=%lld add=%d: the output changes with the split", (long long)H, add);
             CHECKF(split_matches(f, y.p, T, H), "k_add_rmsnorm H=%lld add=%d: split differs from k_split_x's", (long long)H, add);
+            // without y (only the split is read): the same split
+            split_bufs f2(T, H);
+            x.put(hx);
+            k_add_rmsnorm<<<T, 256>>>(x.p, add ? r.p : nullptr, g.p, nullptr, H, eps, 0, f2.sp());
+            CKL();
+            CHECKF(same_bytes(f2.h, f.h) && same_bytes(f2.l, f.l) && same_bytes(f2.xs, f.xs) && same_bytes(f2.sw, f.sw),
+                   "k_add_rmsnorm H=%lld add=%d: the split without y differs", (long long)H, add);
             cases++;
         }
         // k_moe_combine with the next layer's gain (one block a row)
@@ -520,6 +528,12 @@ static void test_norm_split(void) {
         CKL();
         CHECKF(same_bytes(y, y0), "k_moe_combine H=%lld: the output changes with the split", (long long)H);
         CHECKF(split_matches(f, y.p, T, H), "k_moe_combine H=%lld: split differs from k_split_x's", (long long)H);
+        split_bufs f2(T, H);
+        x.put(hx);
+        k_moe_combine<<<dim3((unsigned)T, 1), 256>>>(x.p, ye.p, w.p, K, sh.p, sg.p, H, g.p, nullptr, eps, f2.sp());
+        CKL();
+        CHECKF(same_bytes(f2.h, f.h) && same_bytes(f2.l, f.l) && same_bytes(f2.xs, f.xs) && same_bytes(f2.sw, f.sw),
+               "k_moe_combine H=%lld: the split without xn differs", (long long)H);
         cases++;
     }
     // k_gated_norm, dv = 128: the model's 32 value heads (64 groups a row) and 8 (16: one window)
@@ -530,14 +544,23 @@ static void test_norm_split(void) {
         dbuf<float> o((size_t)n), o0((size_t)n), z((size_t)n), w((size_t)dv);
         z.put(hz), w.put(hw);
         o0.put(ho);
-        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o0.p, z.p, w.p, (int64_t)T, Hv, dv, eps, none);
+        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o0.p, z.p, w.p, (int64_t)T, Hv, dv, eps, none, false);
         CKL();
         split_bufs f(T, (int64_t)Hv * dv);
         o.put(ho);
-        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o.p, z.p, w.p, (int64_t)T, Hv, dv, eps, f.sp());
+        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o.p, z.p, w.p, (int64_t)T, Hv, dv, eps, f.sp(), false);
         CKL();
         CHECKF(same_bytes(o, o0), "k_gated_norm Hv=%d: the output changes with the split", Hv);
         CHECKF(split_matches(f, o.p, T, (int64_t)Hv * dv), "k_gated_norm Hv=%d: split differs from k_split_x's", Hv);
+        // split_only: the same split, o left as it was
+        split_bufs f2(T, (int64_t)Hv * dv);
+        o.put(ho);
+        k_gated_norm<<<(unsigned)((T * Hv + 7) / 8), 256>>>(o.p, z.p, w.p, (int64_t)T, Hv, dv, eps, f2.sp(), true);
+        CKL();
+        const std::vector<float> oa = o.get();
+        CHECKF(memcmp(oa.data(), ho.data(), sizeof(float) * ho.size()) == 0, "k_gated_norm Hv=%d split_only: o was written", Hv);
+        CHECKF(same_bytes(f2.h, f.h) && same_bytes(f2.l, f.l) && same_bytes(f2.xs, f.xs) && same_bytes(f2.sw, f.sw),
+               "k_gated_norm Hv=%d: the split_only split differs", Hv);
         cases++;
     }
     printf("  norms with their split: %d cases\n", cases);

@@ -325,6 +325,7 @@ struct lilac_session {
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by whatever writes xn or the split)
     bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
     bool conv_prep;  // a prefill's k_conv does k_gdn_prep's work where dk = 128 (LILAC_CONV_PREP=0: off)
+    bool xn_skip;    // with norm_split, a norm whose output only its split is read does not write it (LILAC_XN_SKIP=0: off)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
@@ -713,6 +714,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->norm_split = !(e_ns && !strcmp(e_ns, "0"));
     const char *e_cp = getenv("LILAC_CONV_PREP");
     s->conv_prep = !(e_cp && !strcmp(e_cp, "0"));
+    const char *e_xs = getenv("LILAC_XN_SKIP");
+    s->xn_skip = !(e_xs && !strcmp(e_xs, "0"));
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
@@ -1053,9 +1056,9 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         CKL();
     } else {
         // dk = 128: a conv block is one q/k head, and the conv normalises the heads and makes the gates itself
-        gdn_prep_args pp = {0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+        gdn_prep_args pp = {0, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
         if (c->lin_k_dim == 128 && s->conv_prep)
-            pp = {2 * c->lin_k_heads, c->lin_k_heads, Hv, s->bb, s->ba, d.A_log, d.dt_bias, s->beta, s->decay, s->lgd};
+            pp = {2 * c->lin_k_heads, c->lin_k_heads, Hv, 128, s->bb, s->ba, d.A_log, d.dt_bias, s->beta, s->decay, s->lgd};
         if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, pp, err) < 0) return -1;
         if (!pp.qk_heads) {
             pdl_launch(s, k_gdn_prep, T, 256, 0, s->conv_out, CD, 2 * c->lin_k_heads, c->lin_k_heads, c->lin_k_dim, s->bb,
@@ -1077,8 +1080,9 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         prof_mark(s, PH_GDN_RECUR);
         // o's split for out_proj too, where a warp's 128 values are two whole groups and the windows whole
         o_split = c->lin_v_dim == 128 && Hv % 8 == 0 ? norm_split(s, T, VD) : o_split;
+        // (out_proj quantized: it reads the split alone, and o need not be written)
         pdl_launch(s, k_gated_norm, (unsigned)(((int64_t)T * Hv + 7) / 8), 256, 0, s->o, s->z, d.gdn_norm, (int64_t)T, Hv,
-                   c->lin_v_dim, c->rms_eps, o_split);
+                   c->lin_v_dim, c->rms_eps, o_split, o_split.xh && g4_ok(d.out_proj) && s->xn_skip);
         CKL();
         if (o_split.xh) s->xn_split = false; // the split is o's now
     }
@@ -1211,7 +1215,8 @@ static int moe_shared_side(lilac_session *s, const dlayer &d, int T, lilac_err *
 // next_gain (several tokens): the following layer's input-norm gain, fused into
 // the combine; null after the last layer and for one token (whose next GEMV
 // normalises the residual stream itself).
-static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const float *next_gain, lilac_err *err) {
+// next_xn: the following layer reads s->xn itself, not only its split (xn_split_only).
+static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const float *next_gain, bool next_xn, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter;
     const int E = c->n_experts, K = c->top_k, slots = T * K;
@@ -1356,10 +1361,24 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
     if (side) CK(cudaStreamWaitEvent(s->st, s->ev_join, 0)); // the shared expert's shy
     const dim3 gc((unsigned)T, next_gain ? 1u : (unsigned)((H / 4 + 255) / 256)); // (four columns a thread)
     const g4_split sp = next_gain ? norm_split(s, T, H) : g4_split{nullptr, nullptr, nullptr, nullptr};
-    pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain, s->xn, c->rms_eps, sp);
+    pdl_launch(s, k_moe_combine, gc, 256, 0, s->x, s->ye, s->topw, K, s->shy, s->sg, H, next_gain,
+               sp.xh && !next_xn ? nullptr : s->xn, c->rms_eps, sp);
     CKL();
     if (next_gain) s->xn_split = sp.xh != nullptr;
     return 0;
+}
+
+// Whether what reads a layer's normalised input (its mixer's, or with moe its MoE's) for T > 1 tokens
+// reads only the split the norm wrote (every matrix quantized for the prefill GEMMs, the routed experts
+// grouped), so that the norm need not write s->xn as well (LILAC_XN_SKIP=0: it always does).
+static bool xn_split_only(const lilac_session *s, const dlayer &d, int l, bool moe, int T) {
+    const lilac_config *c = &s->m->cfg;
+    if (!s->xn_skip) return false;
+    if (moe)
+        return (int64_t)T * c->top_k > 64 && g4_ok(d.router) && g4_ok(d.sh_gate) && g4_ok(d.sh_up) && g4_ok(d.sh_expert_gate) &&
+               g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down) && d.exp_gate.bits == d.exp_up.bits;
+    if (c->is_full[l]) return g4_ok(d.q_proj) && g4_ok(d.k_proj) && g4_ok(d.v_proj);
+    return g4_ok(d.in_qkv) && g4_ok(d.in_z) && g4_ok(d.in_b) && g4_ok(d.in_a);
 }
 
 // The layers for T tokens whose ids are in d_ids and whose first position is *d_pos.
@@ -1380,7 +1399,8 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
         const dlayer &d = D->layers[(size_t)l];
         if (l == 0 && T > 1) {
             const g4_split sp = norm_split(s, T, H);
-            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, nullptr, d.in_norm, s->xn, H, c->rms_eps, 0, sp);
+            float *const xn = sp.xh && xn_split_only(s, d, l, false, T) ? nullptr : s->xn;
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, nullptr, d.in_norm, xn, H, c->rms_eps, 0, sp);
             CKL();
             s->xn_split = sp.xh != nullptr;
         }
@@ -1389,13 +1409,15 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
         prof_mark(s, c->is_full[l] ? PH_ATTN_PROJ : PH_GDN_PROJ);
         if (T > 1) {
             const g4_split sp = norm_split(s, T, H);
-            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, s->r, d.post_norm, s->xn, H, c->rms_eps, 0, sp);
+            float *const xn = sp.xh && xn_split_only(s, d, l, true, T) ? nullptr : s->xn;
+            pdl_launch(s, k_add_rmsnorm, T, 256, 0, s->x, s->r, d.post_norm, xn, H, c->rms_eps, 0, sp);
             CKL();
             s->xn_split = sp.xh != nullptr;
         }
         prof_mark(s, PH_EMBED);
         const float *next = T > 1 && l + 1 < c->n_layers ? D->layers[(size_t)l + 1].in_norm : nullptr;
-        if (moe_layer(s, d, l, T, next, err) < 0) return -1;
+        const bool next_xn = next && !xn_split_only(s, D->layers[(size_t)l + 1], l + 1, false, T);
+        if (moe_layer(s, d, l, T, next, next_xn, err) < 0) return -1;
         prof_mark(s, PH_MOE_SHARED);
     }
     return 0;

@@ -32,7 +32,8 @@ __global__ void k_embed(dmat E, const int *ids, float *x) {
 
 // Row y = x * inv * gain of H columns (a multiple of 64), four a thread, and into the split sp of row
 // `row` when sp.xh: the same bits k_split_x would make from y (run 113: its 120 launches of a 4k prefill,
-// 3.0 ms, mostly re-read what a norm had just written). After a barrier: xr may be another thread's writes.
+// 3.0 ms, mostly re-read what a norm had just written); then yr may be null (only the split is read).
+// After a barrier: xr may be another thread's writes.
 __device__ __forceinline__ void norm_row_out(const float *xr, float inv, const float *gain, float *yr, int64_t H,
                                              const g4_split &sp, int64_t row) {
     if (!sp.xh) {
@@ -47,7 +48,7 @@ __device__ __forceinline__ void norm_row_out(const float *xr, float inv, const f
         if (in) {
             const float4 v = *(const float4 *)(xr + c), g = *(const float4 *)(gain + c);
             e[0] = v.x * inv * g.x, e[1] = v.y * inv * g.y, e[2] = v.z * inv * g.z, e[3] = v.w * inv * g.w;
-            *(float4 *)(yr + c) = make_float4(e[0], e[1], e[2], e[3]);
+            if (yr) *(float4 *)(yr + c) = make_float4(e[0], e[1], e[2], e[3]);
         }
         g4_split4(sp, e, in, row, c, H);
     }
@@ -55,7 +56,7 @@ __device__ __forceinline__ void norm_row_out(const float *xr, float inv, const f
 
 // Optional residual add, then RMSNorm: x += r (r may be null); y = x * rsqrt(mean(x^2)+eps) * gain.
 // Row t of x is row t of y; rows [row0, row0 + gridDim.x). sp.xh: y's rows also split (row t of y is
-// row t of the split; H a multiple of 64).
+// row t of the split; H a multiple of 64), and y may be null (not written).
 __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float *y, int64_t H, float eps, int row0,
                               g4_split sp) {
     pdl_wait();
@@ -70,7 +71,7 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
     }
     ss = block_sum(ss, sh);
     const float inv = rsqrtf(ss / (float)H + eps);
-    norm_row_out(xr, inv, gain, y + (int64_t)blockIdx.x * H, H, sp, blockIdx.x);
+    norm_row_out(xr, inv, gain, y ? y + (int64_t)blockIdx.x * H : nullptr, H, sp, blockIdx.x);
 }
 
 // ---------------------------------------------------------------- matrix-vector (decode): the job, row dots
@@ -389,7 +390,8 @@ __device__ __forceinline__ float gdn_gates(float b, float a, float dt_bias, floa
 }
 
 // The L2 scale of one q or k head's dk values at v (a q head's with 1/sqrt(dk) too), by one warp: k_gdn_prep
-// and k_conv's fused prep share it (the same loop, so the same bits).
+// and k_conv's fused prep share it (the same loop, so the same bits; dk a run-time value in both: a constant
+// 128 folds rsqrtf(dk) to another last bit than the instruction computes, run 115).
 __device__ __forceinline__ float gdn_qk_scale(const float *v, int dk, bool is_q) {
     const int lane = threadIdx.x & 31;
     float ss = 0.0f;
@@ -400,7 +402,7 @@ __device__ __forceinline__ float gdn_qk_scale(const float *v, int dk, bool is_q)
 
 // k_gdn_prep's work, when k_conv does it (qk_heads > 0): the q/k heads' L2 scales and the gates.
 struct gdn_prep_args {
-    int qk_heads, Hk, Hv; // q and k heads (the first qk_heads * 128 channels), of them q, v heads
+    int qk_heads, Hk, Hv, dk; // q and k heads (the first qk_heads * 128 channels), of them q, v heads; dk = 128
     const float *bb, *ba, *A_log, *dt_bias;
     float *beta, *decay, *lgd; // lgd may be null
 };
@@ -458,7 +460,7 @@ __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float
     if (qk) { // (a q/k block has every thread: qk_heads * 128 <= CD)
         __syncthreads();
         for (int i = threadIdx.x >> 5; i < t1 - t0; i += blockDim.x >> 5) {
-            const float f = gdn_qk_scale(ys[i], 128, (int)blockIdx.x < pp.Hk);
+            const float f = gdn_qk_scale(ys[i], pp.dk, (int)blockIdx.x < pp.Hk);
             if ((threadIdx.x & 31) == 0) sc[i] = f;
         }
         __syncthreads();
@@ -815,9 +817,10 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
 // Gated RMSNorm per (token, v-head): o = w * rmsnorm(o) * silu(z). One warp each,
 // eight to a block (grid: rows * Hv / 8), four values a load where dv allows (run
 // 110: one warp a block, one float a load, 96 us a 4k layer, ~2 TB/s). sp.xh (dv = 128 only:
-// a warp's lanes then hold two whole groups): o also split, row t of width Hv * dv (the out_proj input).
+// a warp's lanes then hold two whole groups): o also split, row t of width Hv * dv (the out_proj input), and
+// with split_only the split alone (o keeps its input).
 __global__ void __launch_bounds__(256) k_gated_norm(float *o, const float *z, const float *w, int64_t rows, int Hv, int dv,
-                                                    float eps, g4_split sp) {
+                                                    float eps, g4_split sp, bool split_only) {
     pdl_wait();
     const int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5); // (token, head) = (r / Hv, r % Hv)
     const int lane = threadIdx.x & 31;
@@ -837,8 +840,9 @@ __global__ void __launch_bounds__(256) k_gated_norm(float *o, const float *z, co
             const float4 v = o4[m], zz = z4[m], g = w4[m];
             const float e[4] = {v.x * inv * g.x * (zz.x / (1.0f + expf(-zz.x))), v.y * inv * g.y * (zz.y / (1.0f + expf(-zz.y))),
                                 v.z * inv * g.z * (zz.z / (1.0f + expf(-zz.z))), v.w * inv * g.w * (zz.w / (1.0f + expf(-zz.w)))};
-            o4[m] = make_float4(e[0], e[1], e[2], e[3]);
-            if (dv == 128 && sp.xh) g4_split4(sp, e, true, r / Hv, (r % Hv) * 128 + 4 * m, (int64_t)Hv * 128);
+            const bool split = dv == 128 && sp.xh;
+            if (!(split && split_only)) o4[m] = make_float4(e[0], e[1], e[2], e[3]);
+            if (split) g4_split4(sp, e, true, r / Hv, (r % Hv) * 128 + 4 * m, (int64_t)Hv * 128);
         }
         return;
     }
@@ -1208,7 +1212,7 @@ __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int 
     if (!gain) return;
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)H + eps);
-    norm_row_out(x + (int64_t)t * H, inv, gain, xn + (int64_t)t * H, H, sp, t);
+    norm_row_out(x + (int64_t)t * H, inv, gain, xn ? xn + (int64_t)t * H : nullptr, H, sp, t);
 }
 
 // ---------------------------------------------------------------- head
