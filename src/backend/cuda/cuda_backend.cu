@@ -326,6 +326,8 @@ struct lilac_session {
     bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
     bool conv_prep;  // a prefill's k_conv does k_gdn_prep's work where dk = 128 (LILAC_CONV_PREP=0: off)
     bool xn_skip;    // with norm_split, a norm whose output only its split is read does not write it (LILAC_XN_SKIP=0: off)
+    bool prefill_pdl; // prefill kernels launched with PDL too (each one's launch behind its predecessor's end;
+                      // k_gemm_wg's last wave lets the next kernel's blocks take the SMs it frees; LILAC_PREFILL_PDL=0: off)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
@@ -716,6 +718,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->conv_prep = !(e_cp && !strcmp(e_cp, "0"));
     const char *e_xs = getenv("LILAC_XN_SKIP");
     s->xn_skip = !(e_xs && !strcmp(e_xs, "0"));
+    const char *e_pp = getenv("LILAC_PREFILL_PDL");
+    s->prefill_pdl = !(e_pp && !strcmp(e_pp, "0"));
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
     s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
     const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
@@ -850,7 +854,7 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 // (weight loads), and wait in pdl_wait() for the rest. Graph capture keeps it.
 template <typename... P, typename... A>
 static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
-    return launch_ex(s->st, s->pdl, k, g, b, sm, std::forward<A>(a)...); // decode only: prefill kernels are large enough not to need it
+    return launch_ex(s->st, s->pdl, k, g, b, sm, std::forward<A>(a)...);
 }
 
 // One GEMV launch for a job (k_gemv, gemv_launch in cuda_packed.cuh); `slots`
@@ -1391,7 +1395,7 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     const int64_t H = c->hidden;
     dmodel *D = s->D;
-    s->pdl = T == 1;
+    s->pdl = T == 1 || s->prefill_pdl;
     prof_mark(s, PH_EMBED);
     pdl_launch(s, k_embed, dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, D->embed, s->d_ids, s->x);
     CKL();
