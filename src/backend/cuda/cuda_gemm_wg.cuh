@@ -286,18 +286,6 @@ __global__ void __launch_bounds__(256, 2)
     int64_t ldy, m0;
     int nn;
     dmat W2{};
-#if !defined(PDL_NO_TAIL) && !defined(LILAC_CUEMU)
-    // The last wave (two blocks an SM; grouped, of the tile map's entries) lets the next kernel launch: its blocks
-    // then take the SMs this grid's last blocks free, and wait in pdl_wait() for the rest. Earlier blocks never
-    // trigger (they exit): a trigger from the start would let the next kernel's waiting blocks take the SMs this
-    // grid's later blocks need (docs/perf.md, run 7).
-    {
-        uint32_t nsm;
-        asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-        const int64_t ny = tiles ? (int64_t)*n_tiles : (int64_t)gridDim.y;
-        if ((int64_t)blockIdx.y * gridDim.x + blockIdx.x >= ny * gridDim.x - 2 * (int64_t)nsm) pdl_trigger();
-    }
-#endif
     if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn, &W2)) return;
     // (run 110: an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
 #define WG_TILE(NB, PAIR) wg_tile<NB, PAIR>(job, W, W2, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm)
