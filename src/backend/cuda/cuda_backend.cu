@@ -325,6 +325,7 @@ struct lilac_session {
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by whatever writes xn or the split)
     bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
     bool conv_prep;  // a prefill's k_conv does k_gdn_prep's work where dk = 128 (LILAC_CONV_PREP=0: off)
+    bool gdn_hb1;    // the chunked GDN's phase A one v-head a block, not two (LILAC_GDN_HB=1)
     bool xn_skip;    // with norm_split, a norm whose output only its split is read does not write it (LILAC_XN_SKIP=0: off)
     bool prefill_pdl; // prefill kernels launched with PDL too: each launch processed while its predecessor
                       // drains (run 117: +0.5-0.8%, near the noise; LILAC_PREFILL_PDL=0: decode only, as before)
@@ -718,6 +719,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     s->conv_prep = !(e_cp && !strcmp(e_cp, "0"));
     const char *e_xs = getenv("LILAC_XN_SKIP");
     s->xn_skip = !(e_xs && !strcmp(e_xs, "0"));
+    const char *e_hb = getenv("LILAC_GDN_HB");
+    s->gdn_hb1 = e_hb && !strcmp(e_hb, "1");
     const char *e_pp = getenv("LILAC_PREFILL_PDL");
     s->prefill_pdl = !(e_pp && !strcmp(e_pp, "0"));
     s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
@@ -1072,7 +1075,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         prof_mark(s, PH_GDN_CONV);
         if (s->gdn_scratch && T >= s->gdn_chunk_min) { // the chunked form
             CK(gdn_chunk_launch(s->conv_out, CD, KD, c->lin_k_heads, Hv, s->beta, s->lgd, s->ssm[(size_t)l], s->o, T,
-                                s->gdn_scratch, s->st));
+                                s->gdn_scratch, s->st, s->gdn_hb1 ? 1 : 0));
         } else {
             dim3 g;
             int rg = s->gdn_rg, cc = s->gdn_c;

@@ -48,11 +48,15 @@
 #define GDC_SMEM(name) extern __shared__ __align__(128) float name[]
 #endif
 
+#ifndef GDC_B_UNROLL // phase B's W S0 / Q S0 loop (an experiment's build flag)
+#define GDC_B_UNROLL 2
+#endif
 namespace gdc {
 constexpr int L = 64;       // tokens per chunk
 constexpr int DK = 128;     // key dim = value dim
 constexpr int CW = 32;      // phase B: state columns per block
 constexpr int NTA = 256;    // phase A: threads per block (8 warps)
+constexpr int BU = GDC_B_UNROLL; // (a pragma's argument is not macro-expanded)
 constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (1.07x over 4: docs/perf.md, run 80)
 // Row strides in shared memory (floats), chosen so that every fragment load below is free
 // of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
@@ -64,7 +68,7 @@ constexpr int LA = L + 4;   // 68: the 64 x 64 matrices (A, M)
 constexpr int LC = CW + 8;  // 40: phase B's 32-column blocks (S, U and D as B)
 constexpr int LX = 2 * DK + 8; // 264: phase A's solve, [U | W] (as B), over Ks and Qs (2 L LQ floats)
 static_assert(L * LX <= 2 * L * LQ, "phase A: X fits over Ks and Qs");
-constexpr size_t smem_a = sizeof(float) * (2 * L * LQ + L * LA + 3 * L);
+constexpr size_t smem_a(int hb) { return sizeof(float) * (2 * L * LQ + hb * (L * LA + 3 * L)); } // phase A, hb heads a block
 constexpr size_t smem_b = sizeof(float) * (DK * LC + 2 * (L * LQ + L * LA + L * LC + L) + L * LQ + L * LK + L * LC);
 
 // The products: mma.sync m16n8k8 with tf32 operands and f32 accumulation, each operand
@@ -143,31 +147,39 @@ __device__ __forceinline__ float2 ld2(const float *p) { return *reinterpret_cast
 __device__ __forceinline__ void st2(float *p, float x, float y) { *reinterpret_cast<float2 *>(p) = make_float2(x, y); }
 } // namespace gdc
 
-// Phase A. Grid (chunks, Hv), gdc::NTA threads, gdc::smem_a bytes (two blocks per SM).
+// Phase A. Grid (chunks, Hv / HB), gdc::NTA threads, gdc::smem_a(HB) bytes (two blocks per SM).
 // Inputs as k_gdn_recur's (conv_out after k_gdn_prep: q, k normalised, q scaled) plus lgd,
 // the log decays [T][Hv]. Writes U, W, M and Gc (the inclusive log-decay sums) of chunk c,
 // head j at c * Hv + j; rows past the last token are zero (Gc there: the chunk's total).
 // M's tiles above the diagonal (16 x 16) are not written: phase B copies them but never uses them.
+// A block serves HB v-heads of one q/k head (HB = 2 where Hv / Hk is even, as in the model): their
+// K K^T and Q K^T are the same products, so it loads q and k and runs the products once, then masks
+// and decays them per head and solves the heads one after the other (the second head's K rows for
+// its right-hand side from global memory: the first head's solve is laid over Ks).
+template <int HB>
 __global__ void __launch_bounds__(gdc::NTA, 2)
     k_gdn_chunk_a(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta, const float *lgd,
                   int T, float *U, float *W, float *M, float *Gc) {
     using namespace gdc;
     GDC_SMEM(gsm);
-    float *const Ks = gsm, *const Qs = Ks + L * LQ, *const As = Qs + L * LQ; // As: the solve's matrix A
-    float *const Gs = As + L * LA, *const Bs = Gs + L, *const Bg = Bs + L;     // G, beta, beta gamma
+    float *const Ks = gsm, *const Qs = Ks + L * LQ, *const As = Qs + L * LQ; // As [HB][L][LA]: the solves' matrices A
+    float *const Gs = As + HB * L * LA, *const Bs = Gs + HB * L, *const Bg = Bs + HB * L; // [HB][L]: G, beta, beta gamma
     pdl_wait();
-    const int c = blockIdx.x, j = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int c = blockIdx.x, j0 = blockIdx.y * HB, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j / (Hv / Hk);
-    // Every load is issued before any result is needed: warp 0's decays and betas, the
-    // chunk's v rows into L2 (read after the products, one 128-byte line a thread), q and k.
+    const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j0 / (Hv / Hk);
+    // Every load is issued before any result is needed: warp h's decays and betas (head j0 + h),
+    // the chunk's v rows into L2 (read after the products, one 128-byte line a thread), q and k.
     const int ta = 2 * lane, tb = ta + 1;
     float a0 = 0.0f, a1 = 0.0f, ba = 0.0f, bb = 0.0f;
-    if (warp == 0) {
+    if (warp < HB) {
+        const int j = j0 + warp;
         if (ta < n) a0 = lgd[(int64_t)(t0 + ta) * Hv + j], ba = beta[(int64_t)(t0 + ta) * Hv + j];
         if (tb < n) a1 = lgd[(int64_t)(t0 + tb) * Hv + j], bb = beta[(int64_t)(t0 + tb) * Hv + j];
     }
-    if (tid / 4 < n) prefetch_l2(conv_out + (int64_t)(t0 + tid / 4) * CD + 2 * KD + (int64_t)j * DK + 32 * (tid & 3));
+#pragma unroll
+    for (int h = 0; h < HB; h++)
+        if (tid / 4 < n) prefetch_l2(conv_out + (int64_t)(t0 + tid / 4) * CD + 2 * KD + (int64_t)(j0 + h) * DK + 32 * (tid & 3));
 #pragma unroll
     for (int i = tid; i < L * (DK / 4); i += NTA) {
         const int t = i / (DK / 4), e = (i % (DK / 4)) * 4;
@@ -180,29 +192,36 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
         st4(Qs + t * LQ + e, q);
         st4(Ks + t * LQ + e, k);
     }
-    if (warp == 0) { // Gs = inclusive sums of the log decays (two tokens a lane), Bs = beta
+    if (warp < HB) { // Gs = inclusive sums of the log decays (two tokens a lane), Bs = beta
         float s = a0 + a1;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
             const float u = __shfl_up_sync(0xffffffffu, s, o);
             if (lane >= o) s += u;
         }
-        Gs[ta] = s - a1;
-        Gs[tb] = s;
-        Bs[ta] = ba;
-        Bs[tb] = bb;
-        Bg[ta] = ba * expf(s - a1);
-        Bg[tb] = bb * expf(s);
+        float *const G = Gs + warp * L, *const B = Bs + warp * L, *const BG = Bg + warp * L;
+        G[ta] = s - a1;
+        G[tb] = s;
+        B[ta] = ba;
+        B[tb] = bb;
+        BG[ta] = ba * expf(s - a1);
+        BG[tb] = bb * expf(s);
     }
     __syncthreads();
     // K K^T and Q K^T, the ten 16 x 16 tiles on and below the diagonal (row tile rt, column
-    // tile tj <= rt, numbered row by row): warp w takes tiles w and w + 8; then the masks
-    // and decays on the accumulators, A into As and M out
-    const int64_t cj = (int64_t)c * Hv + j;
-    float *const Mo = M + cj * L * L;
+    // tile tj <= rt, numbered row by row): warp w takes tiles w and w + 8; then, per head, the
+    // masks and decays on the accumulators, A into As and M out
+#ifndef GDC_A_HALF
 #pragma unroll 1
     for (int idx = warp; idx < 10; idx += NTA / 32) {
         const int rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
+        constexpr int NT0 = 0, NT1 = 2;
+#else // (an experiment's build: 20 half tiles of 16 x 8, warps 0-3 three of them, 4-7 two)
+#pragma unroll 1
+    for (int idh = warp; idh < 20; idh += NTA / 32) {
+        const int idx = idh >> 1, rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
+        const int NT0 = idh & 1, NT1 = NT0 + 1;
+#endif
         acc3 kk2[2] = {}, qk2[2] = {}; // K K^T, Q K^T
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
@@ -211,6 +230,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             ldA(fq, Qs + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
+                if (nt < NT0 || nt >= NT1) continue;
                 fragB fb; // B(k, s) = K[s][k]
                 ldBt(fb, Ks + (16 * tj + 8 * nt) * LQ + kk * 8, LQ, g, t4);
                 mma3(kk2[nt], fk, fb);
@@ -218,19 +238,26 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             }
         }
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++)
+        for (int hh = 0; hh < HB; hh++) {
+            const float *const G = Gs + hh * L, *const B = Bs + hh * L;
+            float *const A = As + hh * L * LA, *const Mo = M + ((int64_t)c * Hv + j0 + hh) * L * L;
 #pragma unroll
-            for (int h = 0; h < 2; h++) { // rows g and g + 8
-                const int r = r0 + g + 8 * h, s = 16 * tj + 8 * nt + 2 * t4;
-                float mv[2];
+            for (int nt = 0; nt < 2; nt++) {
+                if (nt < NT0 || nt >= NT1) continue;
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const float dec = s + e <= r ? expf(Gs[r] - Gs[s + e]) : 0.0f;
-                    As[r * LA + s + e] = s + e < r ? Bs[r] * dec * kk2[nt].v(2 * h + e) : 0.0f;
-                    mv[e] = dec * qk2[nt].v(2 * h + e);
+                for (int h = 0; h < 2; h++) { // rows g and g + 8
+                    const int r = r0 + g + 8 * h, s = 16 * tj + 8 * nt + 2 * t4;
+                    float mv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float dec = s + e <= r ? expf(G[r] - G[s + e]) : 0.0f;
+                        A[r * LA + s + e] = s + e < r ? B[r] * dec * kk2[nt].v(2 * h + e) : 0.0f;
+                        mv[e] = dec * qk2[nt].v(2 * h + e);
+                    }
+                    st2(Mo + r * L + s, mv[0], mv[1]);
                 }
-                st2(Mo + r * L + s, mv[0], mv[1]);
             }
+        }
     }
     // (I + A) X = R, R = [beta V | beta gamma K] (64 x 256; X = [U | W]), in blocks of 16 rows
     // over Ks and Qs (rows 32.. over Qs, free after the products; rows ..31 over Ks, once
@@ -238,69 +265,85 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     //   X_i = (I + A_ii)^-1 (R_i - sum_{j<i} A_ij X_j)
     // the sums on the tensor cores, the 16-row triangles by forward substitution, one
     // column per thread. Warp w owns columns 32w.. of the sums and of the triangles, so
-    // once R is in place the solve needs the warp's own synchronisation only.
+    // once R is in place the solve needs the warp's own synchronisation only (so do the
+    // later heads' solves: a thread writes and reads its own column of X, the warp its 32).
     float *const X = gsm; // [L][LX]: rows 0..31 over Ks, rows 32..63 over Qs exactly
-    const float *vcol = conv_out + 2 * KD + (int64_t)j * DK + (tid & (DK - 1));
     const bool isu = tid < DK; // warp-uniform: U's columns, else W's
-    auto rhs = [&](int t) { return isu ? (t < n ? Bs[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f) : Bg[t] * Ks[t * LQ + tid - DK]; };
+    const float *const kcol = conv_out + KD + (int64_t)hk * DK + (tid & (DK - 1)); // (heads after the first)
     __syncthreads(); // every product done (Qs free), As complete
-#pragma unroll
-    for (int t = L / 2; t < L; t++) X[t * LX + tid] = rhs(t);
-    float r[L / 2];
-#pragma unroll
-    for (int t = 0; t < L / 2; t++) r[t] = rhs(t);
-    __syncthreads(); // every read of Ks done
-#pragma unroll
-    for (int t = 0; t < L / 2; t++) X[t * LX + tid] = r[t];
-    __syncwarp();
 #pragma unroll 1
-    for (int i = 0; i < L / 16; i++) {
-        if (i > 0) { // X_i -= A_i,<i X_<i: rows 16i.., the warp's 32 columns
-            acc3 p[4] = {};
+    for (int hh = 0; hh < HB; hh++) {
+        const int j = j0 + hh;
+        const float *const B = Bs + hh * L, *const BG = Bg + hh * L, *const A = As + hh * L * LA;
+        const float *const vcol = conv_out + 2 * KD + (int64_t)j * DK + (tid & (DK - 1));
+        auto rhs = [&](int t) {
+            if (isu) return t < n ? B[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f;
+            if (hh == 0) return BG[t] * Ks[t * LQ + tid - DK];
+            return BG[t] * (t < n ? kcol[(int64_t)(t0 + t) * CD] : 0.0f);
+        };
+        if (hh == 0) {
+#pragma unroll
+            for (int t = L / 2; t < L; t++) X[t * LX + tid] = rhs(t);
+            float r[L / 2];
+#pragma unroll
+            for (int t = 0; t < L / 2; t++) r[t] = rhs(t);
+            __syncthreads(); // every read of Ks done
+#pragma unroll
+            for (int t = 0; t < L / 2; t++) X[t * LX + tid] = r[t];
+        } else {
+#pragma unroll 8
+            for (int t = 0; t < L; t++) X[t * LX + tid] = rhs(t);
+        }
+        __syncwarp();
 #pragma unroll 1
-            for (int kk = 0; kk < 2 * i; kk++) {
-                fragA fa;
-                ldA(fa, As + 16 * i * LA + kk * 8, LA, g, t4);
+        for (int i = 0; i < L / 16; i++) {
+            if (i > 0) { // X_i -= A_i,<i X_<i: rows 16i.., the warp's 32 columns
+                acc3 p[4] = {};
+#pragma unroll 1
+                for (int kk = 0; kk < 2 * i; kk++) {
+                    fragA fa;
+                    ldA(fa, A + 16 * i * LA + kk * 8, LA, g, t4);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        fragB fb;
+                        ldB(fb, X + kk * 8 * LX + 32 * warp + 8 * nt, LX, g, t4);
+                        mma3(p[nt], fa, fb);
+                    }
+                }
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) {
-                    fragB fb;
-                    ldB(fb, X + kk * 8 * LX + 32 * warp + 8 * nt, LX, g, t4);
-                    mma3(p[nt], fa, fb);
+                    float *const xa = X + (16 * i + g) * LX + 32 * warp + 8 * nt + 2 * t4, *const xb = xa + 8 * LX;
+                    const float2 u = ld2(xa), v = ld2(xb);
+                    st2(xa, u.x - p[nt].v(0), u.y - p[nt].v(1));
+                    st2(xb, v.x - p[nt].v(2), v.y - p[nt].v(3));
                 }
+                __syncwarp();
+            }
+            float x[16]; // the triangle, column tid
+#pragma unroll
+            for (int a = 0; a < 16; a++) x[a] = X[(16 * i + a) * LX + tid];
+#pragma unroll
+            for (int a = 1; a < 16; a++) {
+                const float *arow = A + (16 * i + a) * LA + 16 * i;
+                float p0 = x[a], p1 = 0.0f;
+#pragma unroll
+                for (int b = 0; b < a; b++) {
+                    if (b & 1) p1 -= arow[b] * x[b];
+                    else p0 -= arow[b] * x[b];
+                }
+                x[a] = p0 + p1;
             }
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                float *const xa = X + (16 * i + g) * LX + 32 * warp + 8 * nt + 2 * t4, *const xb = xa + 8 * LX;
-                const float2 u = ld2(xa), v = ld2(xb);
-                st2(xa, u.x - p[nt].v(0), u.y - p[nt].v(1));
-                st2(xb, v.x - p[nt].v(2), v.y - p[nt].v(3));
-            }
+            for (int a = 0; a < 16; a++) X[(16 * i + a) * LX + tid] = x[a];
             __syncwarp();
         }
-        float x[16]; // the triangle, column tid
-#pragma unroll
-        for (int a = 0; a < 16; a++) x[a] = X[(16 * i + a) * LX + tid];
-#pragma unroll
-        for (int a = 1; a < 16; a++) {
-            const float *arow = As + (16 * i + a) * LA + 16 * i;
-            float p0 = x[a], p1 = 0.0f;
-#pragma unroll
-            for (int b = 0; b < a; b++) {
-                if (b & 1) p1 -= arow[b] * x[b];
-                else p0 -= arow[b] * x[b];
-            }
-            x[a] = p0 + p1;
-        }
-#pragma unroll
-        for (int a = 0; a < 16; a++) X[(16 * i + a) * LX + tid] = x[a];
-        __syncwarp();
-    }
-    {
+        const int64_t cj = (int64_t)c * Hv + j;
         float *const out = (tid < DK ? U : W) + cj * L * DK + (tid & (DK - 1));
 #pragma unroll 8
         for (int t = 0; t < L; t++) out[t * DK] = X[t * LX + tid];
+        if (tid < L) Gc[cj * L + tid] = Gs[hh * L + tid];
+        __syncwarp(); // (the next head's right-hand side goes over this column of X)
     }
-    if (tid < L) Gc[cj * L + tid] = Gs[tid];
 }
 
 // Phase B. Grid (Hv, 128 / gdc::CW), gdc::NTB threads, gdc::smem_b bytes; serial over the
@@ -385,7 +428,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
         acc3 oa[2] = {};
         {
             acc3 p[2] = {};
-#pragma unroll 2
+#pragma unroll BU
             for (int kk = 0; kk < DK / 8; kk++) {
                 fragA fw, fq;
                 ldA(fw, Wc + r0 * LQ + kk * 8, LQ, g, t4);
@@ -485,15 +528,18 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
 static inline bool gdn_chunk_ok(int dk, int dv, int Hk, int Hv) {
     return dk == gdc::DK && dv == gdc::DK && Hk > 0 && Hv % Hk == 0;
 }
+// Phase A's v-heads a block: two where a q/k head has an even number of them (its products shared).
+static inline int gdn_chunk_hb(int Hk, int Hv) { return (Hv / Hk) % 2 == 0 ? 2 : 1; }
 // Scratch floats for T tokens: U and W, M, the log-decay sums.
 static inline size_t gdn_chunk_scratch(int T, int Hv) {
     const size_t nc = (size_t)((T + gdc::L - 1) / gdc::L) * (size_t)Hv * gdc::L;
     return nc * (2 * gdc::DK + gdc::L + 1);
 }
-// The two phases on stream st (plain launches; the kernels' shared-memory opt-in is set
+// The two phases on stream st (hb = 1: phase A one v-head a block; plain launches; the kernels' shared-memory opt-in is set
 // here once per device, as attn_prefill_go does). scratch: gdn_chunk_scratch(T, Hv) floats.
 static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta,
-                                           const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st) {
+                                           const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st,
+                                           int hb = 0) {
     if (T <= 0) return cudaSuccess;
     cudaError_t e = cudaSuccess;
 #ifndef LILAC_CUEMU
@@ -503,7 +549,9 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
     if (e != cudaSuccess) return e;
     const unsigned long long bit = dev < 64 ? 1ull << dev : 0ull;
     if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
-        e = cudaFuncSetAttribute(k_gdn_chunk_a, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc::smem_a);
+        e = cudaFuncSetAttribute(k_gdn_chunk_a<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc::smem_a(1));
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k_gdn_chunk_a<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc::smem_a(2));
         if (e == cudaSuccess) e = cudaFuncSetAttribute(k_gdn_chunk_b, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gdc::smem_b);
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_relaxed);
@@ -514,7 +562,10 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
     float *U = scratch, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
     // cudaLaunchKernel rather than <<< >>>, so that the emulator runs this function too
     void *aa[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&beta, (void *)&lgd, &T, &U, &W, &M, &Gc};
-    e = cudaLaunchKernel(k_gdn_chunk_a, dim3((unsigned)nch, (unsigned)Hv), dim3(gdc::NTA), aa, gdc::smem_a, st);
+    if (hb != 1) hb = gdn_chunk_hb(Hk, Hv); // (1: one head a block, wherever; for comparisons)
+    const dim3 ga((unsigned)nch, (unsigned)(Hv / hb));
+    e = hb == 2 ? cudaLaunchKernel(k_gdn_chunk_a<2>, ga, dim3(gdc::NTA), aa, gdc::smem_a(2), st)
+                : cudaLaunchKernel(k_gdn_chunk_a<1>, ga, dim3(gdc::NTA), aa, gdc::smem_a(1), st);
     if (e != cudaSuccess) return e;
     const float *Uc = U, *Wc = W, *Mc = M, *Gcc = Gc;
     void *ab[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&Uc, (void *)&Wc, (void *)&Mc, (void *)&Gcc, &ssm, &o, &T};

@@ -16,8 +16,11 @@
 #include "cuda_runtime.h"
 #include "backend/cuda/cuda_gdn_chunk.cuh"
 
-static const int Hk = 2, Hv = 4, DK = 128;
-static const int64_t KD = (int64_t)Hk * DK, VD = (int64_t)Hv * DK, CD = 2 * KD + VD;
+// Two geometries: two v-heads a q/k head (as the model: phase A's blocks serve two heads) and one.
+static const int DK = 128;
+static int Hk = 2, Hv = 4;
+static int64_t KD, VD, CD;
+static void set_geo(int hk, int hv) { Hk = hk, Hv = hv, KD = (int64_t)Hk * DK, VD = (int64_t)Hv * DK, CD = 2 * KD + VD; }
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static double urand() { // in [0, 1)
@@ -116,7 +119,11 @@ static bool run(const std::vector<int> &lens) {
 int main(void) {
     int pass = 0, fail = 0;
     const std::vector<std::vector<int>> cases = {{1}, {5}, {63}, {64}, {65}, {130}, {64, 1, 70}, {17, 100}};
+    set_geo(2, 4);
     for (const auto &c : cases) (run(c) ? pass : fail)++;
+    set_geo(2, 2);
+    printf("Hk = Hv = 2:\n");
+    for (const auto &c : {cases[2], cases[6]}) (run(c) ? pass : fail)++;
     printf("%d passed, %d failed\n", pass, fail);
     return fail ? 1 : 0;
 }
