@@ -50,6 +50,7 @@
 #include "../unit/check.h"
 #include "cuda_test.h"
 #include "backend/cuda/cuda_kernels.cuh"
+#define GDC_TIMELINE // phase A's in-kernel timestamps (this binary's copy of the kernels only)
 #include "backend/cuda/cuda_gdn_chunk.cuh"
 
 static double rnd_u() { return (double)((rnd() >> 11) + 1) * (1.0 / 9007199254740993.0); } // in (0, 1)
@@ -618,6 +619,31 @@ static void time_prefill(int T) {
     const float t_all = time_ms([&] {
         CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
     });
+    // phase A's timeline: thread 0's stamps, us from the block's start, the median over blocks
+    for (int h : {hb, 1}) {
+        std::vector<unsigned long long> tl((size_t)4096 * 8, 0);
+        CK(cudaMemcpyToSymbol(gdc_tl, tl.data(), sizeof(unsigned long long) * tl.size()));
+        if (h == 2)
+            k_gdn_chunk_a<2><<<dim3((unsigned)nch, (unsigned)(G.Hv / 2)), gdc::NTA, gdc::smem_a(2)>>>(
+                d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
+        else
+            k_gdn_chunk_a<1><<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NTA, gdc::smem_a(1)>>>(
+                d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
+        CKL();
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpyFromSymbol(tl.data(), gdc_tl, sizeof(unsigned long long) * tl.size()));
+        const int nb = std::min(4096, nch * G.Hv / h);
+        printf("  phase A timeline, %d head(s) a block, T=%d (us from its start, median of %d blocks):", h, T, nb);
+        const char *names[8] = {"", "q/k in", "products", "rhs 0", "solve 0", "rhs 1", "solve 1", "end"};
+        for (int m = 1; m < 8; m++) {
+            if (h == 1 && (m == 5 || m == 6)) continue;
+            std::vector<double> v;
+            for (int b = 0; b < nb; b++) v.push_back(1e-3 * (double)(tl[(size_t)b * 8 + m] - tl[(size_t)b * 8]));
+            std::sort(v.begin(), v.end());
+            printf(" %s %.2f", names[m], v[v.size() / 2]);
+        }
+        printf("\n");
+    }
     printf("time T=%5d: serial k_gdn_recur<rg 8, c 2> %8.1f us; chunked %8.1f us (phase A %8.1f [%d heads a block; one: %8.1f], "
            "phase B %8.1f): %.2fx\n", T, 1e3 * t_serial, 1e3 * t_all, 1e3 * t_a, hb, 1e3 * t_a1, 1e3 * t_b, t_serial / t_all);
 }

@@ -38,6 +38,19 @@
 #pragma once
 #include <stdint.h>
 
+// GDC_TIMELINE (test_gdn's build only): phase A's thread 0 stamps the global timer at each of its
+// steps into gdc_tl[block][mark] (test_gdn --time prints the medians over blocks).
+#if defined(GDC_TIMELINE) && !defined(LILAC_CUEMU)
+__device__ unsigned long long gdc_tl[4096][8];
+#define GDC_MARK(i)                                                                                                     \
+    do {                                                                                                                \
+        const unsigned b_ = blockIdx.y * gridDim.x + blockIdx.x;                                                        \
+        if (threadIdx.x == 0 && b_ < 4096) gdc_tl[b_][i] = gtimer();                                                    \
+    } while (0)
+#else
+#define GDC_MARK(i) ((void)0)
+#endif
+
 #ifdef LILAC_CUEMU // the emulator's copies land at once; its mma.h stands in for the tensor cores
 #include "mma.h" // (pdl_wait and the cp.async stand-ins: the emulator's cuda_runtime.h)
 #define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
@@ -48,15 +61,11 @@
 #define GDC_SMEM(name) extern __shared__ __align__(128) float name[]
 #endif
 
-#ifndef GDC_B_UNROLL // phase B's W S0 / Q S0 loop (an experiment's build flag)
-#define GDC_B_UNROLL 2
-#endif
 namespace gdc {
 constexpr int L = 64;       // tokens per chunk
 constexpr int DK = 128;     // key dim = value dim
 constexpr int CW = 32;      // phase B: state columns per block
 constexpr int NTA = 256;    // phase A: threads per block (8 warps)
-constexpr int BU = GDC_B_UNROLL; // (a pragma's argument is not macro-expanded)
 constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (1.07x over 4: docs/perf.md, run 80)
 // Row strides in shared memory (floats), chosen so that every fragment load below is free
 // of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
@@ -165,6 +174,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     float *const Ks = gsm, *const Qs = Ks + L * LQ, *const As = Qs + L * LQ; // As [HB][L][LA]: the solves' matrices A
     float *const Gs = As + HB * L * LA, *const Bs = Gs + HB * L, *const Bg = Bs + HB * L; // [HB][L]: G, beta, beta gamma
     pdl_wait();
+    GDC_MARK(0);
     const int c = blockIdx.x, j0 = blockIdx.y * HB, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, t4 = lane & 3;
     const int t0 = c * L, n = T - t0 < L ? T - t0 : L, hk = j0 / (Hv / Hk);
@@ -208,20 +218,13 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
         BG[tb] = bb * expf(s);
     }
     __syncthreads();
+    GDC_MARK(1);
     // K K^T and Q K^T, the ten 16 x 16 tiles on and below the diagonal (row tile rt, column
     // tile tj <= rt, numbered row by row): warp w takes tiles w and w + 8; then, per head, the
     // masks and decays on the accumulators, A into As and M out
-#ifndef GDC_A_HALF
 #pragma unroll 1
     for (int idx = warp; idx < 10; idx += NTA / 32) {
         const int rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
-        constexpr int NT0 = 0, NT1 = 2;
-#else // (an experiment's build: 20 half tiles of 16 x 8, warps 0-3 three of them, 4-7 two)
-#pragma unroll 1
-    for (int idh = warp; idh < 20; idh += NTA / 32) {
-        const int idx = idh >> 1, rt = idx >= 6 ? 3 : idx >= 3 ? 2 : idx >= 1 ? 1 : 0, tj = idx - rt * (rt + 1) / 2, r0 = 16 * rt;
-        const int NT0 = idh & 1, NT1 = NT0 + 1;
-#endif
         acc3 kk2[2] = {}, qk2[2] = {}; // K K^T, Q K^T
 #pragma unroll 4
         for (int kk = 0; kk < DK / 8; kk++) {
@@ -230,7 +233,6 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             ldA(fq, Qs + r0 * LQ + kk * 8, LQ, g, t4);
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                if (nt < NT0 || nt >= NT1) continue;
                 fragB fb; // B(k, s) = K[s][k]
                 ldBt(fb, Ks + (16 * tj + 8 * nt) * LQ + kk * 8, LQ, g, t4);
                 mma3(kk2[nt], fk, fb);
@@ -242,8 +244,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             const float *const G = Gs + hh * L, *const B = Bs + hh * L;
             float *const A = As + hh * L * LA, *const Mo = M + ((int64_t)c * Hv + j0 + hh) * L * L;
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                if (nt < NT0 || nt >= NT1) continue;
+            for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) { // rows g and g + 8
                     const int r = r0 + g + 8 * h, s = 16 * tj + 8 * nt + 2 * t4;
@@ -256,7 +257,6 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
                     }
                     st2(Mo + r * L + s, mv[0], mv[1]);
                 }
-            }
         }
     }
     // (I + A) X = R, R = [beta V | beta gamma K] (64 x 256; X = [U | W]), in blocks of 16 rows
@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     const bool isu = tid < DK; // warp-uniform: U's columns, else W's
     const float *const kcol = conv_out + KD + (int64_t)hk * DK + (tid & (DK - 1)); // (heads after the first)
     __syncthreads(); // every product done (Qs free), As complete
+    GDC_MARK(2);
 #pragma unroll 1
     for (int hh = 0; hh < HB; hh++) {
         const int j = j0 + hh;
@@ -290,10 +291,17 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             __syncthreads(); // every read of Ks done
 #pragma unroll
             for (int t = 0; t < L / 2; t++) X[t * LX + tid] = r[t];
-        } else {
-#pragma unroll 8
-            for (int t = 0; t < L; t++) X[t * LX + tid] = rhs(t);
+        } else { // (32 loads in flight, then their stores: the first head's pattern)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float r[L / 2];
+#pragma unroll
+                for (int t = 0; t < L / 2; t++) r[t] = rhs(half * L / 2 + t);
+#pragma unroll
+                for (int t = 0; t < L / 2; t++) X[(half * L / 2 + t) * LX + tid] = r[t];
+            }
         }
+        GDC_MARK(3 + 2 * hh);
         __syncwarp();
 #pragma unroll 1
         for (int i = 0; i < L / 16; i++) {
@@ -337,6 +345,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             for (int a = 0; a < 16; a++) X[(16 * i + a) * LX + tid] = x[a];
             __syncwarp();
         }
+        GDC_MARK(4 + 2 * hh);
         const int64_t cj = (int64_t)c * Hv + j;
         float *const out = (tid < DK ? U : W) + cj * L * DK + (tid & (DK - 1));
 #pragma unroll 8
@@ -344,6 +353,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
         if (tid < L) Gc[cj * L + tid] = Gs[hh * L + tid];
         __syncwarp(); // (the next head's right-hand side goes over this column of X)
     }
+    GDC_MARK(7);
 }
 
 // Phase B. Grid (Hv, 128 / gdc::CW), gdc::NTB threads, gdc::smem_b bytes; serial over the
@@ -428,7 +438,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
         acc3 oa[2] = {};
         {
             acc3 p[2] = {};
-#pragma unroll BU
+#pragma unroll 2
             for (int kk = 0; kk < DK / 8; kk++) {
                 fragA fw, fq;
                 ldA(fw, Wc + r0 * LQ + kk * 8, LQ, g, t4);
