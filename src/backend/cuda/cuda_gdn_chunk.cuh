@@ -265,44 +265,38 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     //   X_i = (I + A_ii)^-1 (R_i - sum_{j<i} A_ij X_j)
     // the sums on the tensor cores, the 16-row triangles by forward substitution, one
     // column per thread. Warp w owns columns 32w.. of the sums and of the triangles, so
-    // once R is in place the solve needs the warp's own synchronisation only (so do the
-    // later heads' solves: a thread writes and reads its own column of X, the warp its 32).
+    // once R is in place the solve needs the warp's own synchronisation only.
     float *const X = gsm; // [L][LX]: rows 0..31 over Ks, rows 32..63 over Qs exactly
-    const bool isu = tid < DK; // warp-uniform: U's columns, else W's
-    const float *const kcol = conv_out + KD + (int64_t)hk * DK + (tid & (DK - 1)); // (heads after the first)
     __syncthreads(); // every product done (Qs free), As complete
     GDC_MARK(2);
+    // R in 16-byte pieces, coalesced: thread tid takes rows tid / 32 + 8 m (m < 8), columns
+    // 4 (tid % 32).. of V (global) and of K (Ks for the first head; global, after the first
+    // head's solve went over Ks, for the others), all 16 loads in flight at once (one
+    // load a column and token was ~15 us of a ~40 us block: docs/perf.md, run 119)
+    const int rr = tid >> 5, e4 = 4 * (tid & 31);
 #pragma unroll 1
     for (int hh = 0; hh < HB; hh++) {
         const int j = j0 + hh;
         const float *const B = Bs + hh * L, *const BG = Bg + hh * L, *const A = As + hh * L * LA;
-        const float *const vcol = conv_out + 2 * KD + (int64_t)j * DK + (tid & (DK - 1));
-        auto rhs = [&](int t) {
-            if (isu) return t < n ? B[t] * vcol[(int64_t)(t0 + t) * CD] : 0.0f;
-            if (hh == 0) return BG[t] * Ks[t * LQ + tid - DK];
-            return BG[t] * (t < n ? kcol[(int64_t)(t0 + t) * CD] : 0.0f);
-        };
-        if (hh == 0) {
+        float4 v[L / 8], k[L / 8];
 #pragma unroll
-            for (int t = L / 2; t < L; t++) X[t * LX + tid] = rhs(t);
-            float r[L / 2];
-#pragma unroll
-            for (int t = 0; t < L / 2; t++) r[t] = rhs(t);
-            __syncthreads(); // every read of Ks done
-#pragma unroll
-            for (int t = 0; t < L / 2; t++) X[t * LX + tid] = r[t];
-        } else { // (32 loads in flight, then their stores: the first head's pattern)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                float r[L / 2];
-#pragma unroll
-                for (int t = 0; t < L / 2; t++) r[t] = rhs(half * L / 2 + t);
-#pragma unroll
-                for (int t = 0; t < L / 2; t++) X[(half * L / 2 + t) * LX + tid] = r[t];
-            }
+        for (int m = 0; m < L / 8; m++) {
+            const int t = rr + 8 * m;
+            const float *const row = conv_out + (int64_t)(t0 + (t < n ? t : 0)) * CD;
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            v[m] = t < n ? ld4(row + 2 * KD + (int64_t)j * DK + e4) : z;
+            k[m] = hh == 0 ? ld4(Ks + t * LQ + e4) : t < n ? ld4(row + KD + (int64_t)hk * DK + e4) : z;
         }
+        __syncthreads(); // every read of Ks (first head) or of the last head's X done
+#pragma unroll
+        for (int m = 0; m < L / 8; m++) {
+            const int t = rr + 8 * m;
+            const float b = B[t], bg = BG[t];
+            st4(X + t * LX + e4, make_float4(b * v[m].x, b * v[m].y, b * v[m].z, b * v[m].w));
+            st4(X + t * LX + DK + e4, make_float4(bg * k[m].x, bg * k[m].y, bg * k[m].z, bg * k[m].w));
+        }
+        __syncthreads(); // R in place
         GDC_MARK(3 + 2 * hh);
-        __syncwarp();
 #pragma unroll 1
         for (int i = 0; i < L / 16; i++) {
             if (i > 0) { // X_i -= A_i,<i X_<i: rows 16i.., the warp's 32 columns
@@ -346,12 +340,14 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
             __syncwarp();
         }
         GDC_MARK(4 + 2 * hh);
+        __syncthreads(); // X complete (each warp solved its own 32 columns)
         const int64_t cj = (int64_t)c * Hv + j;
-        float *const out = (tid < DK ? U : W) + cj * L * DK + (tid & (DK - 1));
-#pragma unroll 8
-        for (int t = 0; t < L; t++) out[t * DK] = X[t * LX + tid];
+#pragma unroll 4
+        for (int i = tid; i < L * (2 * DK / 4); i += NTA) { // a warp: half a row, all U or all W
+            const int t = i / (2 * DK / 4), cc = (i % (2 * DK / 4)) * 4;
+            st4((cc < DK ? U : W) + (cj * L + t) * DK + (cc & (DK - 1)), ld4(X + t * LX + cc));
+        }
         if (tid < L) Gc[cj * L + tid] = Gs[hh * L + tid];
-        __syncwarp(); // (the next head's right-hand side goes over this column of X)
     }
     GDC_MARK(7);
 }
