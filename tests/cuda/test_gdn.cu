@@ -644,6 +644,25 @@ static void time_prefill(int T) {
         }
         printf("\n");
     }
+    { // phase B's timeline: block (0, 0)'s thread 0, us from each chunk's start, the median over its chunks
+        std::vector<unsigned long long> tl((size_t)256 * 8, 0);
+        CK(cudaMemcpyToSymbol(gdc_tlb, tl.data(), sizeof(unsigned long long) * tl.size()));
+        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NTB, gdc::smem_b>>>(
+            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
+        CKL();
+        CK(cudaDeviceSynchronize());
+        CK(cudaMemcpyFromSymbol(tl.data(), gdc_tlb, sizeof(unsigned long long) * tl.size()));
+        const int nc2 = std::min(256, nch);
+        printf("  phase B timeline, T=%d (us from a chunk's start, median of %d chunks):", T, nc2);
+        const char *names[8] = {"", "barrier A", "W S0, Q S0, D", "k rows in", "barrier B", "K^T D", "barrier C", "M D, o out"};
+        for (int m = 1; m < 8; m++) {
+            std::vector<double> v;
+            for (int c2 = 0; c2 < nc2; c2++) v.push_back(1e-3 * (double)(tl[(size_t)c2 * 8 + m] - tl[(size_t)c2 * 8]));
+            std::sort(v.begin(), v.end());
+            printf(" %s %.2f", names[m], v[v.size() / 2]);
+        }
+        printf("\n");
+    }
     printf("time T=%5d: serial k_gdn_recur<rg 8, c 2> %8.1f us; chunked %8.1f us (phase A %8.1f [%d heads a block; one: %8.1f], "
            "phase B %8.1f): %.2fx\n", T, 1e3 * t_serial, 1e3 * t_all, 1e3 * t_a, hb, 1e3 * t_a1, 1e3 * t_b, t_serial / t_all);
 }

@@ -97,13 +97,13 @@ if [ "$MODE" = gdn ]; then  # the GDN prefill recurrence: serial against chunked
         exit $FAILED
     fi
     step gdn-time ./build/cuda-tests/test_gdn --time
-    # test_gdn --time launches 84 chunk kernels per length (16, 64, 128, 256, 1024 first); the next two are T = 4096's phases A and B
-    ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 420 --launch-count 2 \
+    # test_gdn --time launches 85 chunk kernels per length (16, 64, 128, 256, 1024 first); the next two are T = 4096's phases A and B
+    ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 425 --launch-count 2 \
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis \
         --section MemoryWorkloadAnalysis --section SourceCounters ./build/cuda-tests/test_gdn --time > "$LOGS/gdn-ncu.log" 2>&1
     grep -E "k_gdn_chunk|Duration|Throughput|Stall|stall|Occupancy|Registers|Shared Memory|Waves|L2 Hit|L1/TEX Hit|Issued|Eligible|Active Warps|cycles being stalled|On average|Executed Ipc|Pipe|Bank" "$LOGS/gdn-ncu.log" | head -${LINES_MAX:-140}
     # where each phase's warps wait: cycles per issued instruction, by stall reason
-    ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 420 --launch-count 2 \
+    ncu --clock-control none --kernel-name regex:"^k_gdn_chunk_[ab]" --launch-skip 425 --launch-count 2 \
         --metrics regex:"smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio",smsp__inst_executed.sum,sm__cycles_elapsed.avg \
         ./build/cuda-tests/test_gdn --time > "$LOGS/gdn-stalls.log" 2>&1
     grep -E "k_gdn_chunk|inst_executed|cycles_elapsed|stalled" "$LOGS/gdn-stalls.log" | awk '$NF+0 >= 0.05 || /k_gdn|inst_exec|cycles/' | head -60

@@ -1,7 +1,7 @@
 // cuda_gdn_chunk.cuh — the gated delta rule of a prefill in chunks of 64 tokens, its
 // products on the tensor cores (the chunked "WY" form). The default for every prefill
 // call (a prompt's piece of up to CHUNK tokens) of 128 tokens or more (LILAC_GDN_CHUNK: 0
-// never, n from n tokens): 1.6x the serial kernel at 1k-16k tokens, +5-6% on a whole
+// never, n from n tokens): 2x the serial kernel at 1k-16k tokens (run 120), +5-6% on a whole
 // 1k/4k/32k prefill (docs/perf.md, session 11).
 //
 // The serial kernel (k_gdn_recur) runs, per value head j and token t,
@@ -47,8 +47,15 @@ __device__ unsigned long long gdc_tl[4096][8];
         const unsigned b_ = blockIdx.y * gridDim.x + blockIdx.x;                                                        \
         if (threadIdx.x == 0 && b_ < 4096) gdc_tl[b_][i] = gtimer();                                                    \
     } while (0)
+// Phase B: block (0, 0)'s thread 0 at each step of each chunk c < 256 into gdc_tlb[c][mark].
+__device__ unsigned long long gdc_tlb[256][8];
+#define GDC_MARKB(c, i)                                                                                                 \
+    do {                                                                                                                \
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && (c) < 256) gdc_tlb[c][i] = gtimer();               \
+    } while (0)
 #else
 #define GDC_MARK(i) ((void)0)
+#define GDC_MARKB(c, i) ((void)0)
 #endif
 
 #ifdef LILAC_CUEMU // the emulator's copies land at once; its mma.h stands in for the tensor cores
@@ -422,8 +429,10 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
     for (int c = 0; c < nch; c++) {
         const int b = c & 1, t0 = c * L, n = T - t0 < L ? T - t0 : L;
         // pending: chunk c's W, M, U, G, then its q, then its k
+        GDC_MARKB(c, 0);
         cp_async_wait<1>();
         __syncthreads(); // (A) everyone's W, M, U, G, q (and, first time round, S); buffer b ^ 1 free
+        GDC_MARKB(c, 1);
         if (c + 1 < nch) issue_wmu(c + 1, b ^ 1);
         else cp_async_commit(); // (an empty group keeps the count)
         const float *const Wc = Wb + b * L * LQ, *const Mc = Mb + b * L * LA, *const Gs = Gb + b * L;
@@ -460,8 +469,11 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
                 st2(Dp + ib, d2 * eb, d3 * eb);
             }
         }
+        GDC_MARKB(c, 2);
         cp_async_wait<1>(); // this thread's k rows
+        GDC_MARKB(c, 3);
         __syncthreads();    // (B) everyone's, and D, Dp; every read of q done
+        GDC_MARKB(c, 4);
         issue_rows(c + 1, Qr, LQ, 0);
         // the new state, gamma_L S0 + K^T Dp (rows 16w..), kept in registers until every
         // warp has read S0
@@ -487,7 +499,9 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
                 mma3(sn[nt], fa, fb);
             }
         }
+        GDC_MARKB(c, 5);
         __syncthreads(); // (C) every read of S0 and k done
+        GDC_MARKB(c, 6);
         issue_rows(c + 1, Kr, LK, KD);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
@@ -521,6 +535,7 @@ __global__ void __launch_bounds__(gdc::NTB, 1)
             if (r0 + g < n) st2(orow + 8 * nt, oa[nt].v(0), oa[nt].v(1));
             if (r0 + g + 8 < n) st2(orow + 8 * VD + 8 * nt, oa[nt].v(2), oa[nt].v(3));
         }
+        GDC_MARKB(c, 7);
     }
     cp_async_wait<0>();
     __syncthreads(); // the last state stored by every warp
