@@ -3,7 +3,7 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|gemv|verify|kbench|probe|ab|gdn]      (default: full)
+#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|matrix|gemv|verify|kbench|probe|ab|gdn]      (default: full)
 #   ab: the default build, one per ';'-separated set of nvcc flags in $AB_FLAGS and one per source tree in
 #       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
@@ -17,6 +17,7 @@
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
+#   matrix: lilac bench at 256 ... 131,072 (LENS, STEPS) and HF transformers' speed (HF_LENS, HF_STEPS) on the same synth
 #   gdn: test_gdn --time (the serial GDN prefill recurrence against the chunked form) and Nsight Compute on the chunked phases;
 #        GDN_SANITIZE=1: compute-sanitizer's racecheck, synccheck and memcheck on test_gdn --chunk --quick instead
 #
@@ -302,6 +303,16 @@ if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) a
     LILAC_PERSISTENT=1 LILAC_PROFILE=1 ./build/lilac generate --model /tmp/full --backend cuda --ids 1 --max-tokens 2 2>&1 |
         grep -A3 persistent
     exit 0
+fi
+
+if [ "$MODE" = matrix ]; then  # issue 6's table in one call: lilac at Lily's prompt lengths, then HF transformers on the same weights
+    step synth-full ./build/lilac synth --out /tmp/full --seed 7
+    step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096,32768,131072} \
+        --decode-steps ${STEPS:-32} --rounds 1 --json "$OUT/bench.json"
+    step hf-bench python3 tools/device/hf_full.py /tmp/full --bench --prompt-lens ${HF_LENS:-256,1024,4096} \
+        --decode-steps ${HF_STEPS:-16} --rounds 1 --json "$OUT/hf_bench.json"
+    printf '%s\n' "${SUMMARY[@]}"
+    exit $FAILED
 fi
 
 # 1. Correctness: each kernel test program (tests/cuda/test_*.cu) against its CPU
