@@ -597,32 +597,7 @@ static void time_prefill(int T) {
     const size_t nc = (size_t)nch * (size_t)G.Hv * gdc::L;
     float *U = d.scratch.p, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
     const int hb = gdn_chunk_hb(G.Hk, G.Hv);
-    const float t_a1 = time_ms([&] {
-        k_gdn_chunk_a<1><<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NTA, gdc::smem_a(1)>>>(
-            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
-        CKL();
-    });
-    const float t_a = time_ms([&] {
-        if (hb == 2)
-            k_gdn_chunk_a<2><<<dim3((unsigned)nch, (unsigned)(G.Hv / 2)), gdc::NTA, gdc::smem_a(2)>>>(
-                d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
-        else
-            k_gdn_chunk_a<1><<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NTA, gdc::smem_a(1)>>>(
-                d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
-        CKL();
-    });
-    const float t_b = time_ms([&] {
-        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NTB, gdc::smem_b>>>(
-            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
-        CKL();
-    });
-    const float t_all = time_ms([&] {
-        CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
-    });
-    // phase A's timeline: thread 0's stamps, us from the block's start, the median over blocks
-    for (int h : {hb, 1}) {
-        std::vector<unsigned long long> tl((size_t)4096 * 8, 0);
-        CK(cudaMemcpyToSymbol(gdc_tl, tl.data(), sizeof(unsigned long long) * tl.size()));
+    auto phase_a = [&](int h) { // h v-heads a block
         if (h == 2)
             k_gdn_chunk_a<2><<<dim3((unsigned)nch, (unsigned)(G.Hv / 2)), gdc::NTA, gdc::smem_a(2)>>>(
                 d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
@@ -630,6 +605,23 @@ static void time_prefill(int T) {
             k_gdn_chunk_a<1><<<dim3((unsigned)nch, (unsigned)G.Hv), gdc::NTA, gdc::smem_a(1)>>>(
                 d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, T, U, W, M, Gc);
         CKL();
+    };
+    auto phase_b = [&] {
+        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NTB, gdc::smem_b>>>(
+            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
+        CKL();
+    };
+    const float t_a1 = time_ms([&] { phase_a(1); });
+    const float t_a = time_ms([&] { phase_a(hb); });
+    const float t_b = time_ms(phase_b);
+    const float t_all = time_ms([&] {
+        CK(gdn_chunk_launch(d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, d.beta.p, d.lgd.p, d.ssm.p, d.o.p, T, d.scratch.p, 0));
+    });
+    // phase A's timeline: thread 0's stamps, us from the block's start, the median over blocks
+    for (int h : {hb, 1}) {
+        std::vector<unsigned long long> tl((size_t)4096 * 8, 0);
+        CK(cudaMemcpyToSymbol(gdc_tl, tl.data(), sizeof(unsigned long long) * tl.size()));
+        phase_a(h);
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpyFromSymbol(tl.data(), gdc_tl, sizeof(unsigned long long) * tl.size()));
         const int nb = std::min(4096, nch * G.Hv / h);
@@ -647,9 +639,7 @@ static void time_prefill(int T) {
     { // phase B's timeline: block (0, 0)'s thread 0, us from each chunk's start, the median over its chunks
         std::vector<unsigned long long> tl((size_t)256 * 8, 0);
         CK(cudaMemcpyToSymbol(gdc_tlb, tl.data(), sizeof(unsigned long long) * tl.size()));
-        k_gdn_chunk_b<<<dim3((unsigned)G.Hv, (unsigned)(gdc::DK / gdc::CW)), gdc::NTB, gdc::smem_b>>>(
-            d.conv_out.p, G.CD(), G.KD(), G.Hk, G.Hv, U, W, M, Gc, d.ssm.p, d.o.p, T);
-        CKL();
+        phase_b();
         CK(cudaDeviceSynchronize());
         CK(cudaMemcpyFromSymbol(tl.data(), gdc_tlb, sizeof(unsigned long long) * tl.size()));
         const int nc2 = std::min(256, nch);
