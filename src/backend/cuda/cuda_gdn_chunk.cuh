@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     // R in 16-byte pieces, coalesced: thread tid takes rows tid / 32 + 8 m (m < 8), columns
     // 4 (tid % 32).. of V (global) and of K (Ks for the first head; global, after the first
     // head's solve went over Ks, for the others), all 16 loads in flight at once (one
-    // load a column and token was ~15 us of a ~40 us block: docs/perf.md, run 119)
+    // load a column and token was 17 us of a 40 us block: docs/perf.md, run 119)
     const int rr = tid >> 5, e4 = 4 * (tid & 31);
 #pragma unroll 1
     for (int hh = 0; hh < HB; hh++) {
