@@ -567,6 +567,27 @@ static float time_ms(const std::function<void()> &f) {
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
 }
+// An in-kernel timeline (gdc_tl or gdc_tlb, rows of GDC_TL_MARKS stamps): cleared, one launch, read back.
+template <class Sym>
+static std::vector<unsigned long long> timeline(Sym &sym, int rows, const std::function<void()> &launch) {
+    std::vector<unsigned long long> tl((size_t)rows * GDC_TL_MARKS, 0);
+    CK(cudaMemcpyToSymbol(sym, tl.data(), sizeof(unsigned long long) * tl.size()));
+    launch();
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemcpyFromSymbol(tl.data(), sym, sizeof(unsigned long long) * tl.size()));
+    return tl;
+}
+// For each of the marks, the median over the first n rows of (the mark - the row's first stamp), in us.
+static void print_medians(const std::vector<unsigned long long> &tl, int n, const char *const *names, const std::vector<int> &marks) {
+    for (int m : marks) {
+        std::vector<double> v;
+        for (int r = 0; r < n; r++)
+            v.push_back(1e-3 * (double)(tl[(size_t)r * GDC_TL_MARKS + m] - tl[(size_t)r * GDC_TL_MARKS]));
+        std::sort(v.begin(), v.end());
+        printf(" %s %.2f", names[m], v[v.size() / 2]);
+    }
+    printf("\n");
+}
 static void time_prefill(int T) {
     const geo G = REAL;
     inputs in;
@@ -619,39 +640,18 @@ static void time_prefill(int T) {
     });
     // phase A's timeline: thread 0's stamps, us from the block's start, the median over blocks
     for (int h : {hb, 1}) {
-        std::vector<unsigned long long> tl((size_t)4096 * 8, 0);
-        CK(cudaMemcpyToSymbol(gdc_tl, tl.data(), sizeof(unsigned long long) * tl.size()));
-        phase_a(h);
-        CK(cudaDeviceSynchronize());
-        CK(cudaMemcpyFromSymbol(tl.data(), gdc_tl, sizeof(unsigned long long) * tl.size()));
-        const int nb = std::min(4096, nch * G.Hv / h);
+        const auto tl = timeline(gdc_tl, GDC_TL_BLOCKS, [&] { phase_a(h); });
+        const int nb = std::min(GDC_TL_BLOCKS, nch * G.Hv / h);
         printf("  phase A timeline, %d head(s) a block, T=%d (us from its start, median of %d blocks):", h, T, nb);
         const char *names[8] = {"", "q/k in", "products", "rhs 0", "solve 0", "rhs 1", "solve 1", "end"};
-        for (int m = 1; m < 8; m++) {
-            if (h == 1 && (m == 5 || m == 6)) continue;
-            std::vector<double> v;
-            for (int b = 0; b < nb; b++) v.push_back(1e-3 * (double)(tl[(size_t)b * 8 + m] - tl[(size_t)b * 8]));
-            std::sort(v.begin(), v.end());
-            printf(" %s %.2f", names[m], v[v.size() / 2]);
-        }
-        printf("\n");
+        print_medians(tl, nb, names, h == 2 ? std::vector<int>{1, 2, 3, 4, 5, 6, 7} : std::vector<int>{1, 2, 3, 4, 7});
     }
     { // phase B's timeline: block (0, 0)'s thread 0, us from each chunk's start, the median over its chunks
-        std::vector<unsigned long long> tl((size_t)256 * 8, 0);
-        CK(cudaMemcpyToSymbol(gdc_tlb, tl.data(), sizeof(unsigned long long) * tl.size()));
-        phase_b();
-        CK(cudaDeviceSynchronize());
-        CK(cudaMemcpyFromSymbol(tl.data(), gdc_tlb, sizeof(unsigned long long) * tl.size()));
-        const int nc2 = std::min(256, nch);
+        const auto tl = timeline(gdc_tlb, GDC_TL_CHUNKS, phase_b);
+        const int nc2 = std::min(GDC_TL_CHUNKS, nch);
         printf("  phase B timeline, T=%d (us from a chunk's start, median of %d chunks):", T, nc2);
         const char *names[8] = {"", "barrier A", "W S0, Q S0, D", "k rows in", "barrier B", "K^T D", "barrier C", "M D, o out"};
-        for (int m = 1; m < 8; m++) {
-            std::vector<double> v;
-            for (int c2 = 0; c2 < nc2; c2++) v.push_back(1e-3 * (double)(tl[(size_t)c2 * 8 + m] - tl[(size_t)c2 * 8]));
-            std::sort(v.begin(), v.end());
-            printf(" %s %.2f", names[m], v[v.size() / 2]);
-        }
-        printf("\n");
+        print_medians(tl, nc2, names, {1, 2, 3, 4, 5, 6, 7});
     }
     printf("time T=%5d: serial k_gdn_recur<rg 8, c 2> %8.1f us; chunked %8.1f us (phase A %8.1f [%d heads a block; one: %8.1f], "
            "phase B %8.1f): %.2fx\n", T, 1e3 * t_serial, 1e3 * t_all, 1e3 * t_a, hb, 1e3 * t_a1, 1e3 * t_b, t_serial / t_all);

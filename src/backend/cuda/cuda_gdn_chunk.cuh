@@ -41,17 +41,18 @@
 // GDC_TIMELINE (test_gdn's build only): phase A's thread 0 stamps the global timer at each of its
 // steps into gdc_tl[block][mark] (test_gdn --time prints the medians over blocks).
 #if defined(GDC_TIMELINE) && !defined(LILAC_CUEMU)
-__device__ unsigned long long gdc_tl[4096][8];
+constexpr int GDC_TL_BLOCKS = 4096, GDC_TL_CHUNKS = 256, GDC_TL_MARKS = 8;
+__device__ unsigned long long gdc_tl[GDC_TL_BLOCKS][GDC_TL_MARKS];
 #define GDC_MARK(i)                                                                                                     \
     do {                                                                                                                \
         const unsigned b_ = blockIdx.y * gridDim.x + blockIdx.x;                                                        \
-        if (threadIdx.x == 0 && b_ < 4096) gdc_tl[b_][i] = gtimer();                                                    \
+        if (threadIdx.x == 0 && b_ < GDC_TL_BLOCKS) gdc_tl[b_][i] = gtimer();                                           \
     } while (0)
-// Phase B: block (0, 0)'s thread 0 at each step of each chunk c < 256 into gdc_tlb[c][mark].
-__device__ unsigned long long gdc_tlb[256][8];
+// Phase B: block (0, 0)'s thread 0 at each step of each chunk c < GDC_TL_CHUNKS into gdc_tlb[c][mark].
+__device__ unsigned long long gdc_tlb[GDC_TL_CHUNKS][GDC_TL_MARKS];
 #define GDC_MARKB(c, i)                                                                                                 \
     do {                                                                                                                \
-        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && (c) < 256) gdc_tlb[c][i] = gtimer();               \
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0 && (c) < GDC_TL_CHUNKS) gdc_tlb[c][i] = gtimer();     \
     } while (0)
 #else
 #define GDC_MARK(i) ((void)0)
