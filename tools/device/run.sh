@@ -3,7 +3,7 @@
 # CUDA backend (sm_90a), run the CUDA tests against the CPU reference, and run
 # the benchmarks. Everything it prints last is the summary table.
 #
-#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|matrix|gemv|verify|kbench|probe|ab|gdn]      (default: full)
+#   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|matrix|gemv|verify|kbench|probe|ab|gdn|trace]      (default: full)
 #   ab: the default build, one per ';'-separated set of nvcc flags in $AB_FLAGS and one per source tree in
 #       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
@@ -18,6 +18,8 @@
 #         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #   matrix: lilac bench at 256 ... 131,072 (LENS, STEPS) and HF transformers' speed (HF_LENS, HF_STEPS) on the same synth
+#   trace: decode at TRACE_LENS (default 4096 32768) untraced, then under kernel_trace.c (CUPTI: every kernel's start
+#          and end), and step_trace.py's timeline of a decode step (TRACE_ENV: environment assignments for both)
 #   gdn: test_gdn --time (the serial GDN prefill recurrence against the chunked form) and Nsight Compute on the chunked phases;
 #        GDN_SANITIZE=1: compute-sanitizer's racecheck, synccheck and memcheck on test_gdn --chunk --quick instead
 #
@@ -133,6 +135,21 @@ bench4k() {
         grep -E "^ +[0-9]+ "
 }
 
+if [ "$MODE" = trace ]; then  # a decode step's kernels as the GPU ran them (CUPTI, tools/device/kernel_trace.c), at TRACE_LENS
+    CUPTI=$(dirname "$(find /usr/local/cuda/ -name 'libcupti.so' 2>/dev/null | head -1)")
+    CUDA_INC=$(dirname "$(command -v nvcc)")/../include
+    step build-trace gcc -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I"$CUDA_INC" -I"$CUPTI/../include" \
+        tools/device/kernel_trace.c -L"$CUPTI" -Wl,-rpath,"$CUPTI" -lcupti -o build/kernel_trace.so || exit 1
+    ./build/lilac synth --out /tmp/full --seed 7 > /dev/null || exit 1
+    for L in ${TRACE_LENS:-4096 32768}; do
+        echo "=== decode after $L tokens: untraced, then traced"
+        env ${TRACE_ENV:-} ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ "
+        env ${TRACE_ENV:-} CUDA_INJECTION64_PATH=$PWD/build/kernel_trace.so KTRACE_OUT=$LOGS/ktrace-$L.tsv \
+            ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |kernel_trace"
+        python3 tools/device/step_trace.py --layers ${TRACE_LAYERS:-2} < "$LOGS/ktrace-$L.tsv" | tee "$OUT/trace-$L.txt"
+    done
+    exit 0
+fi
 if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel tests, whole model, decode at 4k
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda build/cuda-tests/test_matmul build/cuda-tests/test_attn \
         build/cuda-tests/test_kernels build/cuda-tests/test_gdn > "$LOGS/build.log" 2>&1 || { tail -20 "$LOGS/build.log"; exit 1; }
