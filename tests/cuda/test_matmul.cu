@@ -535,25 +535,12 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
             CK(cudaEventSynchronize(b));
             float ms = 0.0f;
             CK(cudaEventElapsedTime(&ms, a, b));
-            dbuf<unsigned long long> prof((size_t)6 * grid);
+            dbuf<unsigned long long> prof((size_t)MOE_SPLIT_MARKS * grid);
             go(prof.p);
             CKL();
             const std::vector<unsigned long long> tt = prof.get();
-            unsigned long long t0 = ~0ull;
-            for (int i = 0; i < grid; i++) t0 = std::min(t0, tt[(size_t)i]);
-            const int nA = (int)(K * (I / 32));
-            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us from the first block's start, median / max", 1000.0f * ms / 20);
-            const char *nm[6] = {"start", "wait+top-k", "input staged", "h staged, down weights in", "sums added", "end"};
-            for (int part = 0; part < 2; part++) { // routed units, then shared
-                printf("\n    %s units:", part ? "shared" : "routed");
-                for (int pt = 0; pt < 6; pt++) {
-                    std::vector<double> v;
-                    for (int i = part ? nA : 0; i < (part ? grid : nA); i++) v.push_back((double)(tt[(size_t)pt * grid + i] - t0) * 1e-3);
-                    std::sort(v.begin(), v.end());
-                    printf(" %s %.2f / %.2f%s", nm[pt], v[v.size() / 2], v.back(), pt < 5 ? "," : "");
-                }
-            }
-            printf("\n");
+            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us after the first routed unit's wait, median / max\n", 1000.0f * ms / 20);
+            moe_split_timeline(stdout, tt.data(), grid, (int)(K * (I / 32)));
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
         }

@@ -344,6 +344,8 @@ struct lilac_session {
     int moe_nsg;       // k_moe_split's shared units' groups (0: k_moe_fused instead; LILAC_MOE_SPLIT=0 or it does not fit)
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
+    unsigned long long *moe_prof; // LILAC_MOE_PROF=l: layer l's k_moe_split marks in decode steps, printed at the end
+    int moe_prof_layer, moe_prof_grid, moe_prof_nA;
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
@@ -434,6 +436,13 @@ static int dalloc(lilac_session *s, T **p, size_t n, lilac_err *err) {
 
 static void cuda_session_free(lilac_session *s) {
     if (!s) return;
+    if (s->moe_prof) { // LILAC_MOE_PROF: the last decode step's marks of that layer
+        std::vector<unsigned long long> t((size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid);
+        if (cudaMemcpy(t.data(), s->moe_prof, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost) == cudaSuccess && t[0]) {
+            fprintf(stderr, "k_moe_split, layer %d, the session's last one-token pass (us):\n", s->moe_prof_layer);
+            moe_split_timeline(stderr, t.data(), s->moe_prof_grid, s->moe_prof_nA);
+        }
+    }
     if (s->graph) cudaGraphExecDestroy(s->graph);
     if (s->sgraph) cudaGraphExecDestroy(s->sgraph);
     cuda_sampler_free(s->smp);
@@ -823,6 +832,12 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                      cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)moe_split_smem(H, nsg)) == cudaSuccess;
                 s->moe_nsg = nsg;
+                if (const char *e = getenv("LILAC_MOE_PROF")) {
+                    s->moe_prof_layer = atoi(e);
+                    s->moe_prof_nA = (int)(K * (c->moe_inter / 32));
+                    s->moe_prof_grid = s->moe_prof_nA + (int)(d0.sh_down.cols / (64 * nsg));
+                    ok = ok && dalloc(s, &s->moe_prof, (size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid, err) == 0;
+                }
             }
         }
     }
@@ -1282,7 +1297,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
 #define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
                             d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
-                            (unsigned long long *)nullptr)
+                            l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr)
                 if (nsg == 2) SPLIT(2);
                 else SPLIT(1);
 #undef SPLIT

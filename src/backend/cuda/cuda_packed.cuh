@@ -19,6 +19,11 @@
 //     a0 = (r0, c0|c0+1), a1 = (r0+8, c0|c0+1), a2 = (r0, c0+8|c0+9), a3 = (r0+8, c0+8|c0+9)
 //   psb[((e*RB + rb)*ng + G)*16 + r] = bf16 scale | bf16 bias << 16 of row 16rb+r.
 #pragma once
+#include <stdio.h>
+
+#include <algorithm>
+#include <vector>
+
 #include "cuda_gemm.cuh"
 
 __host__ __device__ inline bool pk_ok(const dmat &W) {
@@ -660,12 +665,14 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk, u = blockIdx.x;
-    // prof (test_matmul's timing; null in the backend): global time at 6 points, prof[i * gridDim.x + block]
+    // prof (test_matmul's timing, and LILAC_MOE_PROF's one layer): global time at 7 points,
+    // prof[i * gridDim.x + block] (6: the predecessor wait returned)
     auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
     mark(0);
     pdl_trigger();
     if (u < nA) {
         pdl_wait(); // the router's logits and xn come from the previous kernel
+        mark(6);
         if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
         __syncthreads();
         mark(1);
@@ -720,6 +727,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             }
         cp_async_commit();
         pdl_wait(); // shgu and sg come from the previous kernel
+        mark(6);
         mark(1);
         if (warp < NSG) { // warp w stages group w: lanes < 16 one quad each
             const float gs = 1.0f / (1.0f + expf(-*sg));
@@ -778,6 +786,31 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         if (tid == 0) *count = 0u;
     }
     mark(5);
+}
+// k_moe_split's marks (prof): 7 global times per block. Printed as us after
+// the earliest routed unit's return from the predecessor wait (the router's
+// logits visible), median / max over the routed units, then the shared ones.
+#define MOE_SPLIT_MARKS 7
+static inline void moe_split_timeline(FILE *f, const unsigned long long *tt, int grid, int nA) {
+    static const int order[MOE_SPLIT_MARKS] = {0, 6, 1, 2, 3, 4, 5};
+    static const char *nm[MOE_SPLIT_MARKS] = {"start", "wait", "top-k", "input staged", "h staged, down weights in",
+                                              "sums added", "end"};
+    unsigned long long t0 = ~0ull;
+    for (int i = 0; i < nA; i++) t0 = tt[(size_t)6 * grid + i] < t0 ? tt[(size_t)6 * grid + i] : t0;
+    std::vector<double> v;
+    for (int part = 0; part < 2; part++) {
+        fprintf(f, "    %s units:", part ? "shared" : "routed");
+        for (int j = 0; j < MOE_SPLIT_MARKS; j++) {
+            const int pt = order[j];
+            v.clear();
+            for (int i = part ? nA : 0; i < (part ? grid : nA); i++)
+                v.push_back(((double)tt[(size_t)pt * grid + i] - (double)t0) * 1e-3);
+            if (v.empty()) continue;
+            std::sort(v.begin(), v.end());
+            fprintf(f, " %s %.2f / %.2f%s", nm[j], v[v.size() / 2], v.back(), j < MOE_SPLIT_MARKS - 1 ? "," : "");
+        }
+        fprintf(f, "\n");
+    }
 }
 // Whether k_moe_split serves a layer (as k_moe_fused, and a packed shared down
 // of whole groups); its shared units take NSG = 2 groups when the grid then fits
