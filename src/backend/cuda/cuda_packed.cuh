@@ -512,10 +512,11 @@ __device__ __forceinline__ void moe_a_load(moe_a_regs &A, const dmat &Wg, const 
         }
     }
 }
-// xn (H columns) staged into xa as pk_group reads it (whole warps per round).
-__device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *xa) {
-    for (int64_t i0 = 0; i0 < H / 4; i0 += blockDim.x) {
-        const int64_t q = i0 + threadIdx.x;
+// xn (H columns) staged into xa as pk_group reads it, by threads t = 0 .. nt-1
+// of the block (whole warps per round: nt a multiple of 32).
+__device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *xa, int t, int nt) {
+    for (int64_t i0 = 0; i0 < H / 4; i0 += nt) {
+        const int64_t q = i0 + t;
         const bool in = q < H / 4;
         pk_stage4(in ? *(const float4 *)(xn + 4 * q) : make_float4(0, 0, 0, 0), q, in, xa, (float *)(xa + H / 4));
     }
@@ -588,7 +589,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
 #pragma unroll
         for (int k = 0; k < MOE_KMAX; k++)
             if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb0, ngd);
-    moe_stage_xn(xn, H, xa);
+    moe_stage_xn(xn, H, xa, threadIdx.x, blockDim.x);
     __syncthreads();
     mark(2);
     for (int64_t u = blockIdx.x; u < nA; u += gridDim.x) {
@@ -673,14 +674,17 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     if (u < nA) {
         pdl_wait(); // the router's logits and xn come from the previous kernel
         mark(6);
+        // warp 0 makes the top-k while the others stage xn: its loads then do not queue behind the
+        // weights' below (run 124: staged 4.9 us after the top-k when it came after them)
+        uint4 *xa = msm;
         if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
+        else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
         __syncthreads();
         mark(1);
         const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
         moe_a_regs A; // gate/up rows of dims 32c .. 32c+31 into registers
         moe_a_load(A, Wg, Wu, e, c, ngu);
         // the down columns: half `half` of group c/2 of every row block, into shared memory
-        uint4 *xa = msm;
         uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4));
         uint32_t *dsb = (uint32_t *)(dw + nrb * 32);
         const dmat D = dmat_expert(Wd, e);
@@ -690,8 +694,6 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
         cp_async_commit();
-        moe_stage_xn(xn, H, xa);
-        __syncthreads();
         mark(2);
         const float hsw = moe_a_swiglu(A, xa, H, &part[0][0], 17);
         if (warp == 0) { // lane j: dim 32c + j (gate = row block j/16, warps j/16 and +4; up two on)
@@ -707,6 +709,8 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         __syncthreads();
         mark(3);
         const float2 hs = make_float2(hsg[0], hsg[1]);
+        // unrolled: the row blocks' products are independent chains of MMAs and shuffles
+#pragma unroll 4
         for (int64_t rb = warp; rb < nrb; rb += 8) {
             const uint2 w2 = dw[rb * 32 + lane];
             const uint4 pq = half ? make_uint4(0u, 0u, w2.x, w2.y) : make_uint4(w2.x, w2.y, 0u, 0u);
@@ -793,7 +797,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
 #define MOE_SPLIT_MARKS 7
 static inline void moe_split_timeline(FILE *f, const unsigned long long *tt, int grid, int nA) {
     static const int order[MOE_SPLIT_MARKS] = {0, 6, 1, 2, 3, 4, 5};
-    static const char *nm[MOE_SPLIT_MARKS] = {"start", "wait", "top-k", "input staged", "h staged, down weights in",
+    static const char *nm[MOE_SPLIT_MARKS] = {"start", "wait", "top-k and xn staged", "loads issued", "h staged, down weights in",
                                               "sums added", "end"};
     unsigned long long t0 = ~0ull;
     for (int i = 0; i < nA; i++) t0 = tt[(size_t)6 * grid + i] < t0 ? tt[(size_t)6 * grid + i] : t0;
