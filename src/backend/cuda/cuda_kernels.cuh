@@ -171,26 +171,6 @@ __device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t 
 // Dot of one weight row that is not packed (bf16, 8-bit, or 4-bit in the MLX
 // layout) with the staged input: one warp, lanes over 16-byte chunks of the row
 // (coalesced), f32 accumulation; the lanes' partial sums are the caller's to add.
-// Row r of an unpacked matrix (codes and its scale/bias row, or bf16 weights) into the L2, by one
-// warp: the decode GEMV issues it before its predecessor wait (the row does not depend on it), so
-// row_dot's loads after the wait are L2 hits.
-__device__ __forceinline__ void l2_prefetch_line(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-__device__ __forceinline__ void row_prefetch_l2(const dmat &W, int64_t r, int lane) {
-    const char *p = W.type == 1 ? (const char *)(W.w + r * W.cols) : (const char *)(W.q + r * (W.cols * W.bits / 32));
-    const int64_t n = W.type == 1 ? W.cols * 2 : W.cols * W.bits / 8;
-    for (int64_t o = (int64_t)lane * 128; o < n; o += 32 * 128) l2_prefetch_line(p + o);
-    if (lane == 0) l2_prefetch_line(p + n - 1); // the last line, where p is not line-aligned
-    if (W.type == 0 && lane == 1) {
-        const int64_t ng = W.cols / W.group;
-        l2_prefetch_line(W.s + r * ng);
-        l2_prefetch_line(W.s + r * ng + ng - 1);
-    }
-    if (W.type == 0 && lane == 2) {
-        const int64_t ng = W.cols / W.group;
-        l2_prefetch_line(W.b + r * ng);
-        l2_prefetch_line(W.b + r * ng + ng - 1);
-    }
-}
 __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *xs, int lane) {
     const int64_t cols = W.cols;
     float acc = 0.0f;
@@ -217,42 +197,26 @@ __device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *
     }
     const int64_t ng = cols / W.group;
     const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
-    // 8-bit: 16 columns per 16 bytes; a lane's chunks loaded 4 at a time (one round trip, not 4: the
-    // router's 2,048 columns), then summed in the same order as one at a time
+    // 8-bit: 16 columns per 16 bytes
     const uint4 *qr = (const uint4 *)(W.q + r * (cols / 4));
-    const int64_t nch = cols / 16;
-    for (int64_t i0 = lane; i0 < nch; i0 += 4 * 32) {
-        uint4 rw[4];
-        float sc[4], bi[4];
-    #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int64_t i = i0 + 32 * u;
-            rw[u] = i < nch ? __ldg(qr + i) : make_uint4(0u, 0u, 0u, 0u);
-            sc[u] = i < nch ? __bfloat162float(sr[i * 16 / W.group]) : 0.0f;
-            bi[u] = i < nch ? __bfloat162float(br[i * 16 / W.group]) : 0.0f;
+    for (int64_t i = lane; i < cols / 16; i += 32) {
+        const uint4 raw = __ldg(qr + i);
+        const int64_t c0 = i * 16;
+        const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
+        const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
+        float dq = 0.0f, xsum = 0.0f; // codes as 1 + q/256 (see nib_1p)
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
+            const uint32_t w = wd[k];
+            const float f0 = __uint_as_float(((w << 15) & 0x007F8000u) | 0x3F800000u),
+                        f1 = __uint_as_float(((w << 7) & 0x007F8000u) | 0x3F800000u),
+                        f2 = __uint_as_float(((w >> 1) & 0x007F8000u) | 0x3F800000u),
+                        f3 = __uint_as_float(((w >> 9) & 0x007F8000u) | 0x3F800000u);
+            dq += xa.x * f0 + xa.y * f1 + xa.z * f2 + xa.w * f3;
+            xsum += (xa.x + xa.y) + (xa.z + xa.w);
         }
-    #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int64_t i = i0 + 32 * u;
-            if (i >= nch) break;
-            const uint4 raw = rw[u];
-            const int64_t c0 = i * 16;
-            const float s = sc[u], b = bi[u];
-            const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
-            float dq = 0.0f, xsum = 0.0f; // codes as 1 + q/256 (see nib_1p)
-    #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
-                const uint32_t w = wd[k];
-                const float f0 = __uint_as_float(((w << 15) & 0x007F8000u) | 0x3F800000u),
-                            f1 = __uint_as_float(((w << 7) & 0x007F8000u) | 0x3F800000u),
-                            f2 = __uint_as_float(((w >> 1) & 0x007F8000u) | 0x3F800000u),
-                            f3 = __uint_as_float(((w >> 9) & 0x007F8000u) | 0x3F800000u);
-                dq += xa.x * f0 + xa.y * f1 + xa.z * f2 + xa.w * f3;
-                xsum += (xa.x + xa.y) + (xa.z + xa.w);
-            }
-            acc += s * 256.0f * (dq - xsum) + b * xsum;
-        }
+        acc += s * 256.0f * (dq - xsum) + b * xsum;
     }
     return acc;
 }

@@ -265,11 +265,6 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         cp_async_commit();
     };
     for (int k = 0; k < S - 1; k++) issue(k);
-    if (!tc) // the unpacked rows (the 8-bit router, the shared expert's scalar gate): into the L2
-        for (int k = 0; k < nk; k++) {
-            const int64_t r = (set0 + k) * 8 + warp;
-            if (r < W.rows) row_prefetch_l2(W, r, lane);
-        }
     gemv_mark(job.prof, 1);
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
