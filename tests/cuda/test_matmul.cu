@@ -477,8 +477,8 @@ static void test_moe_down(void) {
 // renormalised when norm). Launched cooperatively as the backend does, at the
 // backend's grid and at a small one (blocks loop over units); the barrier
 // words are reused from case to case, as from layer to layer.
-// split: k_moe_split instead (grid: its K*I/32 units; no SwiGLU rows to check).
-static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar, bool split = false) {
+// nsg > 0: k_moe_split with shared units of nsg groups instead (grid: its units; no SwiGLU rows to check).
+static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar, int nsg = 0) {
     qmat *gt = make_qmat(I, H, 4, 64, E), *up = make_qmat(I, H, 4, 64, E), *dn = make_qmat(H, I, 4, 64, E),
          *sh = make_qmat(H, I, 4, 64);
     std::vector<float> xn = rand_vec((size_t)H, 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f), x0 = rand_vec((size_t)H, 1.0f),
@@ -505,17 +505,17 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
     CHECKF(ok, "k_moe_fused refused %lld x %lld", (long long)H, (long long)I);
     if (!ok) return;
     std::vector<float> got, got_act;
-    if (split) { // k_moe_split: every unit a block, fixed-point sums left at zero after each launch
-        CHECKF(moe_split_ok(sh->W, H, I, K), "k_moe_split refused %lld x %lld", (long long)H, (long long)I);
-        grid = (int)(K * (I / 32));
-        const size_t smx = moe_split_smem(H, I, grid);
-        CK(cudaFuncSetAttribute(k_moe_split, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smx));
+    if (nsg) { // k_moe_split: every unit a block, fixed-point sums left at zero after each launch
+        const size_t smx = moe_split_smem(H, nsg);
+        CK(cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smx));
+        grid = (int)(K * (I / 32) + I / (64 * nsg));
         dbuf<unsigned long long> acc((size_t)H);
         dbuf<unsigned> cnt(1);
         acc.fill_bytes(0);
         cnt.fill_bytes(0);
         auto go = [&](unsigned long long *P) {
-            k_moe_split<<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+            else k_moe_split<1><<<(unsigned)grid, 256, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
         };
         go(nullptr);
         CKL();
@@ -540,13 +540,13 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
             CKL();
             const std::vector<unsigned long long> tt = prof.get();
             printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us after the first routed unit's wait, median / max\n", 1000.0f * ms / 20);
-            moe_split_timeline(stdout, tt.data(), grid);
+            moe_split_timeline(stdout, tt.data(), grid, (int)(K * (I / 32)));
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
         }
     }
     const size_t sm = moe_fused_smem(H, I, K);
-    if (!split && grid <= 0) { // the backend's: every unit a block, as many as fit at once
+    if (!nsg && grid <= 0) { // the backend's: every unit a block, as many as fit at once
         int per_sm = 0, nsm = 0;
         CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm));
         CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
@@ -556,13 +556,13 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
 #define FUSED(MG, P) launch_coop(0, false, k_moe_fused<MG>, dim3((unsigned)grid), dim3(256), sm, gt->W, up->W, dn->W, sh->W, \
                                  (const float *)dxn.p, H, (const float *)dlg.p, E, norm, (const float *)dsh.p, I,        \
                                  (const float *)dsg.p, K, dact.p, bar.p, dx.p, (unsigned long long *)(P))
-    if (!split) {
+    if (!nsg) {
     CK(mg == 1 ? FUSED(1, nullptr) : FUSED(2, nullptr));
     CKL();
     got = dx.get();
     got_act = dact.get();
     }
-    if (!split && H == 2048 && norm) { // the model's shape: where a launch's time goes (x keeps accumulating; checked above)
+    if (!nsg && H == 2048 && norm) { // the model's shape: where a launch's time goes (x keeps accumulating; checked above)
         cudaEvent_t a, b;
         CK(cudaEventCreate(&a));
         CK(cudaEventCreate(&b));
@@ -615,9 +615,9 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
         }
         ref[(size_t)r] = x0[(size_t)r] + a;
     }
-    const double e = rel_err(got, ref), ea = split ? 0.0 : rel_err(got_act, act);
+    const double e = rel_err(got, ref), ea = nsg ? 0.0 : rel_err(got_act, act);
     printf("  moe_%s %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: SwiGLU rows rel err %.2e, x rel err %.2e\n",
-           split ? "split" : "fused", (long long)H, (long long)I, K, E, norm, grid, ea, e);
+           nsg ? "split" : "fused", (long long)H, (long long)I, K, E, norm, grid, ea, e);
     CHECKF(ea <= BAR && e <= BAR, "k_moe_fused %lld x %lld K=%d grid %d: rel err %.3e / %.3e", (long long)H, (long long)I, K,
            grid, ea, e);
     delete gt;
@@ -635,10 +635,10 @@ static void test_moe_fused(void) {
     moe_fused_case(256, 1024, 3, 16, 1, 0, bar);  // 16 down groups (the second instance)
     moe_fused_case(128, 64, 2, 4, 1, 0, bar);     // two input groups; fewer A units than row blocks
     // k_moe_split (no grid barrier) against the same reference
-    moe_fused_case(2048, 512, 8, 256, 1, 0, bar, true); // the model's shape: 128 units, one shared row block each
-    moe_fused_case(2048, 512, 8, 256, 0, 0, bar, true);
-    moe_fused_case(256, 1024, 3, 16, 1, 0, bar, true);  // 96 units for 16 shared row blocks; 16 shared groups
-    moe_fused_case(128, 64, 2, 4, 1, 0, bar, true);     // 4 units (2 slots x 64 dims / 32), 2 shared row blocks each
+    moe_fused_case(2048, 512, 8, 256, 1, 0, bar, 2); // the model's shape: 128 routed + 4 shared units
+    moe_fused_case(2048, 512, 8, 256, 0, 0, bar, 1);
+    moe_fused_case(256, 1024, 3, 16, 1, 0, bar, 2);
+    moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
 

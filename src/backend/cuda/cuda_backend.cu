@@ -341,11 +341,11 @@ struct lilac_session {
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
     int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
-    bool moe_split;    // k_moe_split (false: k_moe_fused instead; LILAC_MOE_SPLIT=0 or it does not fit)
+    int moe_nsg;       // k_moe_split's shared units' groups (0: k_moe_fused instead; LILAC_MOE_SPLIT=0 or it does not fit)
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     unsigned long long *moe_prof; // LILAC_MOE_PROF=l: layer l's k_moe_split marks in decode steps, printed at the end
-    int moe_prof_layer, moe_prof_grid;
+    int moe_prof_layer, moe_prof_grid, moe_prof_nA;
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
@@ -440,7 +440,7 @@ static void cuda_session_free(lilac_session *s) {
         std::vector<unsigned long long> t((size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid);
         if (cudaMemcpy(t.data(), s->moe_prof, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost) == cudaSuccess && t[0]) {
             fprintf(stderr, "k_moe_split, layer %d, the session's last one-token pass (us):\n", s->moe_prof_layer);
-            moe_split_timeline(stderr, t.data(), s->moe_prof_grid);
+            moe_split_timeline(stderr, t.data(), s->moe_prof_grid, s->moe_prof_nA);
         }
     }
     if (s->graph) cudaGraphExecDestroy(s->graph);
@@ -826,16 +826,16 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
             s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
             // k_moe_split unless LILAC_MOE_SPLIT=0 (run 57: 474.8 tok/s at 4k against k_moe_fused's 437.9)
             const char *sp = getenv("LILAC_MOE_SPLIT");
-            const bool split = !(sp && !strcmp(sp, "0")) && moe_split_ok(d0.sh_down, H, c->moe_inter, (int)K);
-            if (ok && split) {
-                const int64_t units = K * (c->moe_inter / 32);
+            const int nsg = sp && !strcmp(sp, "0") ? 0 : moe_split_nsg(d0.sh_down, H, c->moe_inter, (int)K, s->n_sm);
+            if (ok && nsg) {
                 ok = dalloc(s, &s->moe_acc, (size_t)H, err) == 0 && dalloc(s, &s->moe_count, 1, err) == 0 &&
-                     cudaFuncSetAttribute(k_moe_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)moe_split_smem(H, d0.sh_down.cols, units)) == cudaSuccess;
-                s->moe_split = true;
+                     cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          (int)moe_split_smem(H, nsg)) == cudaSuccess;
+                s->moe_nsg = nsg;
                 if (const char *e = getenv("LILAC_MOE_PROF")) {
                     s->moe_prof_layer = atoi(e);
-                    s->moe_prof_grid = (int)units;
+                    s->moe_prof_nA = (int)(K * (c->moe_inter / 32));
+                    s->moe_prof_grid = s->moe_prof_nA + (int)(d0.sh_down.cols / (64 * nsg));
                     ok = ok && dalloc(s, &s->moe_prof, (size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid, err) == 0;
                 }
             }
@@ -1291,12 +1291,16 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
         if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
             // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
-            if (s->moe_split) { // the same without a grid barrier (k_moe_split)
-                const int64_t units = K * (I / 32);
-                pdl_launch(s, k_moe_split, (unsigned)units, 256, moe_split_smem(H, d.sh_down.cols, units), d.exp_gate, d.exp_up,
-                           d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk,
-                           (const float *)s->shgu, I, d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,
-                           l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr);
+            if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
+                const int nsg = s->moe_nsg;
+                const unsigned grid = (unsigned)(K * (I / 32) + d.sh_down.cols / (64 * nsg));
+#define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
+                            (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
+                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
+                            l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr)
+                if (nsg == 2) SPLIT(2);
+                else SPLIT(1);
+#undef SPLIT
                 CKL();
                 prof_mark(s, PH_MOE_EXPERTS);
                 return 0;
