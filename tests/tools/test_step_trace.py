@@ -56,6 +56,11 @@ def test_step_trace_costs():
         and abs(float(m.group(3)) + 1.5) < 0.01, out
     m = re.search(r"sum of medians\s+([\d.]+)", out)
     assert m and abs(float(m.group(1)) - total) < 0.05, out
+    # the prefill segment: 40 GEMMs of 50 us each (the first starts at its predecessor's end) and its argmax
+    m = re.search(r"longest other segment .*: (\d+) kernels, ([\d.]+) ms", out)
+    assert m and int(m.group(1)) == 41 and abs(float(m.group(2)) - 2.003) < 1e-6, out
+    m = re.search(r"^k_gemm_wg g768\s+(\d+)\s+([\d.]+) ms", out, re.M)
+    assert m and int(m.group(1)) == 40 and abs(float(m.group(2)) - 2.0) < 1e-3, out
 
 
 def test_step_trace_too_few_steps():

@@ -9,7 +9,8 @@ each kernel position in the step, median over the steps:
   dur   = its own start to end,
   start = its start minus its predecessor's end (negative: it started early,
           under programmatic dependent launch).
-Then the same costs summed per kernel kind (name, template arguments, grid).
+Then the same costs summed per kernel kind (name, template arguments, grid), and
+the longest other segment (a prefill) by kind.
 Usage: python3 step_trace.py [--layers N] < ktrace.tsv
 """
 import re
@@ -86,6 +87,21 @@ def main():
     for k, (n, c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         print(f"{k:<44} {n:>4} {c:10.1f} {100 * c / tot:5.1f}% {c / n:10.2f} {statistics.median(d):9.2f}")
     print(f"{'sum of medians':<44} {'':>4} {tot:10.1f}")
+    # the longest other segment: a prefill (up to its own argmax), kinds by cost
+    longer = [s for s in segs if len(s) > n_mode]
+    if longer:
+        s = max(longer, key=len)
+        pe = prev_end[id(s)]
+        per = defaultdict(lambda: [0, 0.0])
+        for st, en, k in s:
+            per[k][0] += 1
+            per[k][1] += max(en - pe, 0) / 1e3
+            pe = max(pe, en)
+        span = (s[-1][1] - prev_end[id(s)]) / 1e3
+        print(f"\nlongest other segment (a prefill): {len(s)} kernels, {span / 1e3:.3f} ms; "
+              f"cost = end minus the latest earlier end (kernels of a side stream overlap)")
+        for k, (n, c) in sorted(per.items(), key=lambda kv: -kv[1][1])[:24]:
+            print(f"{k:<44} {n:>5} {c / 1e3:9.3f} ms {100 * c / span:5.1f}%")
     return 0
 
 
