@@ -3,7 +3,7 @@
 #  - C unit tests (tests/unit/test_*.c), plain build and ASan+UBSan build;
 #  - fuzz targets, a bounded run each over their seed corpus;
 #  - the device sampler's kernels on the CPU (CUDA emulator, tests/cuda/emu), and the chunked
-#    GDN prefill and the wgmma GEMM there too;
+#    GDN prefill, the wgmma GEMM and attention, the decode attention and the decode MoE there too;
 #  - Python suites against outside oracles (tests/**/test_*.py, pytest in .venv).
 # Each suite prints its own summary with "N passed" / "N failed"; this script adds them up.
 # A suite that crashes or prints no summary counts as one failure.
@@ -79,6 +79,14 @@ if command -v g++ >/dev/null; then
     run_suite "emu/test_attn_dec" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/emu/test_attn_dec_emu.cc -lm -o build/test_attn_dec_emu && build/test_attn_dec_emu && \
         CUEMU_SHUFFLE=1 build/test_attn_dec_emu"
+fi
+# The decode MoE (k_moe_split, src/backend/cuda/cuda_moe_dec.cuh) on the same emulator, with its
+# stand-in for the s8 mma.sync (emu/mma.h): against one token's MoE in double from the same codes,
+# the packed layout made here; again with the threads resumed in random order.
+if command -v g++ >/dev/null; then
+    run_suite "emu/test_moe_split" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
+        -x c++ tests/cuda/emu/test_moe_split_emu.cc -lm -o build/test_moe_split_emu && build/test_moe_split_emu && \
+        CUEMU_SHUFFLE=1 build/test_moe_split_emu"
 fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do

@@ -33,6 +33,7 @@
 #pragma once
 #include "cuda_common.cuh"
 #include "cuda_g4.cuh"
+#include "cuda_pk.cuh" // i8_pieces, imma_s8
 
 #ifndef G4_STAGES // (4: the same speed, docs/perf.md session 6)
 #define G4_STAGES 3
@@ -48,17 +49,6 @@ __host__ __device__ inline int g4_qpos(int c) {
     return (c & ~15) + 4 * ((b & 7) >> 1) + 2 * (b & 1) + (b >> 3);
 }
 
-// An input value over its group's sigma (u = x / sigma, |u| <= 127) as three int8 pieces,
-// u ~ a + b/128 + c/16384: the integer-tensor-core input of the decode GEMV (pk_stage4)
-// and of the prefill GEMM (k_split_x). |b| <= 64 for a finite u; a NaN gives -127 and two
-// NaN pieces that the int8 conversion turns into 0 (the group sum carries the NaN).
-__device__ __forceinline__ void i8_pieces(float u, float &a, float &b, float &c) {
-    a = fminf(fmaxf(rintf(u), -127.0f), 127.0f);
-    const float r = (u - a) * 128.0f;
-    b = rintf(r);
-    c = fminf(fmaxf(rintf((r - b) * 128.0f), -127.0f), 127.0f);
-}
-
 // u32 words per code row in shared memory: 8 (4-bit) or 16 (8-bit) used, padded
 // so that the 8 rows a fragment load touches fall in distinct banks.
 template <int BITS> struct g4_geom { static const int QW = 2 * BITS, QLD = BITS == 4 ? 12 : 20; };
@@ -72,20 +62,6 @@ struct g4_stage {
     float sg[G4_BN]; // 4-bit: sigma of each token's group
 };
 template <int BITS> constexpr size_t g4_smem() { return sizeof(g4_stage<BITS>) * G4_STAGES; }
-
-__device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                        uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-// The same with C = 0 (d is written, not read: no zeroed accumulators to set up).
-__device__ __forceinline__ void imma_s8_z(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
-}
 
 // Fragment register a_j (two codes) of a packed word as an exact bf16x2.
 __device__ __forceinline__ uint32_t pk_frag(uint32_t w, int j) { return pk_frag2(w >> (4 * j)); }

@@ -162,6 +162,28 @@ inline T __shfl_up_sync(unsigned m, T v, unsigned d, int = 32) {
     const int lane = (int)(cuemu::tid.x & 31);
     return cuemu::exchange(v, lane >= (int)d ? lane - (int)d : lane);
 }
+template <typename T>
+inline T __shfl_down_sync(unsigned m, T v, unsigned d, int = 32) {
+    cuemu::check_mask(m);
+    const int lane = (int)(cuemu::tid.x & 31);
+    return cuemu::exchange(v, lane + (int)d < 32 ? lane + (int)d : lane);
+}
+// redux.sync over the warp's ints (every lane gets the result)
+inline int cuemu_reduce(unsigned m, int v, bool mx) {
+    cuemu::check_mask(m);
+    cuemu::warp &w = cuemu::my_warp();
+    w.slot[cuemu::tid.x & 31] = (uint64_t)(int64_t)v;
+    cuemu::arrive(w.bar);
+    int r = (int)(int64_t)w.slot[0];
+    for (int i = 1; i < 32; i++) {
+        const int x = (int)(int64_t)w.slot[i];
+        r = mx ? (x > r ? x : r) : (x < r ? x : r);
+    }
+    cuemu::arrive(w.bar);
+    return r;
+}
+inline int __reduce_max_sync(unsigned m, int v) { return cuemu_reduce(m, v, true); }
+inline int __reduce_min_sync(unsigned m, int v) { return cuemu_reduce(m, v, false); }
 inline unsigned __ballot_sync(unsigned m, int pred) {
     cuemu::check_mask(m);
     cuemu::warp &w = cuemu::my_warp();
@@ -202,11 +224,18 @@ inline float __uint_as_float(unsigned u) {
     memcpy(&f, &u, 4);
     return f;
 }
+inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
+inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+inline long long __double2ll_rn(double x) { return (long long)nearbyint(x); }
+template <typename T> inline T __ldg(const T *p) { return *p; }
+template <typename T> inline T __ldcg(const T *p) { return *p; }
+inline void __threadfence() {}
 
 // Stand-ins for cuda_common.cuh's device helpers as the emulated kernels use them: copies land
 // at once (so the emulator checks what a pipeline copies where, not when); a 32-bit
 // shared-memory address is an offset into the launch's dynamic shared memory.
 inline void pdl_wait() {}
+inline void pdl_trigger() {}
 inline void pdl_trigger_early() {}
 inline unsigned long long gtimer() { return 0; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -214,6 +243,15 @@ inline float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+inline float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+inline void cp_async4(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 4);
+    else memset(smem, 0, 4);
+}
+inline void cp_async8(void *smem, const void *gmem) { memcpy(smem, gmem, 8); }
 inline void cp_async16(void *smem, const void *gmem, bool valid) {
     if (valid) memcpy(smem, gmem, 16);
     else memset(smem, 0, 16);

@@ -147,3 +147,45 @@ inline uint32_t movmatrix_t(uint32_t x) {
     arrive(warps[w].bar);
     return lo | hi << 16;
 }
+
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (imma_s8 in src/backend/cuda/cuda_pk.cuh), in
+// the PTX ISA's fragment map (g = lane / 4, t = lane % 4; byte j of a register is element j):
+//   A 16 x 32: a0 (g, 4t + j), a1 (g + 8, 4t + j), a2 (g, 16 + 4t + j), a3 (g + 8, 16 + 4t + j)
+//   B 32 x 8:  b0 (k 4t + j, n g), b1 (k 16 + 4t + j, n g)
+//   C, D: c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1); exact s32 sums.
+namespace cuemu {
+struct imma_slots {
+    uint32_t a[32][4], b[32][2];
+};
+inline std::vector<imma_slots> imma_ex; // one per warp of the running block
+inline int8_t s8_of(uint32_t r, int j) { return (int8_t)(uint8_t)(r >> (8 * j)); }
+} // namespace cuemu
+inline void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    using namespace cuemu;
+    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    if (imma_ex.size() < warps.size()) imma_ex.resize(warps.size());
+    imma_slots &s = imma_ex[w];
+    s.a[lane][0] = a0, s.a[lane][1] = a1, s.a[lane][2] = a2, s.a[lane][3] = a3;
+    s.b[lane][0] = b0, s.b[lane][1] = b1;
+    arrive(warps[w].bar);
+    int A[16][32], B[32][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        for (int j = 0; j < 4; j++) {
+            A[g][4 * t + j] = s8_of(s.a[l][0], j);
+            A[g + 8][4 * t + j] = s8_of(s.a[l][1], j);
+            A[g][16 + 4 * t + j] = s8_of(s.a[l][2], j);
+            A[g + 8][16 + 4 * t + j] = s8_of(s.a[l][3], j);
+            B[4 * t + j][g] = s8_of(s.b[l][0], j);
+            B[16 + 4 * t + j][g] = s8_of(s.b[l][1], j);
+        }
+    }
+    const int g = (int)lane >> 2, t = (int)lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const int m = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        int acc = d[i];
+        for (int k = 0; k < 32; k++) acc += A[m][k] * B[k][n];
+        d[i] = acc;
+    }
+    arrive(warps[w].bar);
+}

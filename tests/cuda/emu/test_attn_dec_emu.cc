@@ -17,16 +17,9 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#include "emu_test.h"
 #include "backend/cuda/cuda_attn_dec.cuh"
 
-static uint64_t rs = 0x9E3779B97F4A7C15ull;
-static double urand() {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
-static float sym(float a) { return (float)((2.0 * urand() - 1.0) * a); }
-
-static int passes = 0, fails = 0;
 
 // RMSNorm with gain g, then RoPE on the first rd dims (pairs i, i + rd/2), then times mul: in double.
 static void norm_rope(const float *x, const float *gn, int hd, int rd, int64_t pos, const float *invf, double eps, double mul,

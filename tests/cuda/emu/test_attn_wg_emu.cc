@@ -18,21 +18,16 @@
 #include <vector>
 
 #include "cuda_runtime.h"
+#define EMU_SEED 0x2545F4914F6CDD1Dull
+#include "emu_test.h"
 #include "backend/cuda/cuda_attn_wg.cuh"
 
-static uint64_t rs = 0x2545F4914F6CDD1Dull;
-static double urand() {
-    rs ^= rs << 13, rs ^= rs >> 7, rs ^= rs << 17;
-    return (double)(rs >> 11) / 9007199254740992.0;
-}
-static float sym(float a) { return (float)((2.0 * urand() - 1.0) * a); }
 static float bf16_round(float f) { // nearest even (finite values)
     uint32_t u = __float_as_uint(f);
     u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
     return __uint_as_float(u);
 }
 
-static int passes = 0, fails = 0;
 
 // nh query heads over nkv KV heads, T queries at position pos; qp pieces of Q and P.
 static void run_case(int nh, int nkv, int T, int pos, int qp) {
