@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
     __shared__ float tw[MOE_KMAX];
     __shared__ uint4 hq[NSG * 16];  // the staged down input: int8 pieces of NSG groups
     __shared__ float2 hsg2[NSG];     // {Σ, σ} per group
-    float *const hsg = &hsg2[0].x;
+    float *const hsg = reinterpret_cast<float *>(hsg2);
     __shared__ int last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk, u = blockIdx.x;
