@@ -508,7 +508,7 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
     if (nsg) { // k_moe_split: every unit a block, fixed-point sums left at zero after each launch
         const size_t smx = moe_split_smem(H, nsg);
         CK(cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smx));
-        grid = (int)(K * (I / 32) + I / (64 * nsg));
+        grid = (int)moe_split_grid(K, I, I, nsg);
         dbuf<unsigned long long> acc((size_t)H);
         dbuf<unsigned> cnt(1);
         acc.fill_bytes(0);
@@ -540,7 +540,7 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
             CKL();
             const std::vector<unsigned long long> tt = prof.get();
             printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us after the first routed unit's wait, median / max\n", 1000.0f * ms / 20);
-            moe_split_timeline(stdout, tt.data(), grid, (int)(K * (I / 32)));
+            moe_split_timeline(stdout, tt.data(), grid, (int)moe_split_routed(K, I));
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
         }

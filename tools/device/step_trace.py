@@ -48,25 +48,24 @@ def main():
     if len(ends) < 3:
         print(f"step_trace: {len(ends)} argmax launches in {len(rows)} kernels: no decode steps")
         return 1
-    segs = [rows[a + 1:b + 1] for a, b in zip(ends, ends[1:])]
-    n_mode = Counter(len(s) for s in segs).most_common(1)[0][0]
-    steps = [s for s in segs if len(s) == n_mode]
-    prev_end = {id(s): rows[ends[k]][1] for k, s in enumerate(segs)}
+    # (the end of the argmax before it, its kernels) for each segment
+    segs = [(rows[a][1], rows[a + 1:b + 1]) for a, b in zip(ends, ends[1:])]
+    n_mode = Counter(len(s) for _, s in segs).most_common(1)[0][0]
+    steps = [(pe, s) for pe, s in segs if len(s) == n_mode]
     print(f"{len(rows)} kernels; {len(steps)} decode steps of {n_mode} kernels")
-    times = [s[-1][1] - prev_end[id(s)] for s in steps]
+    times = [s[-1][1] - pe for pe, s in steps]
     print(f"step: median {statistics.median(times) / 1e3:.1f} us, min {min(times) / 1e3:.1f}, max {max(times) / 1e3:.1f}")
     cost = [[0.0] * n_mode for _ in steps]
     dur = [[0.0] * n_mode for _ in steps]
     gap = [[0.0] * n_mode for _ in steps]
-    for j, s in enumerate(steps):
-        pe = prev_end[id(s)]
+    for j, (pe, s) in enumerate(steps):
         for i, (st, en, _) in enumerate(s):
             cost[j][i] = (en - pe) / 1e3
             dur[j][i] = (en - st) / 1e3
             gap[j][i] = (st - pe) / 1e3
             pe = en
     med = lambda a, i: statistics.median(r[i] for r in a)
-    names = [k for _, _, k in steps[0]]
+    names = [k for _, _, k in steps[0][1]]
     # the first layers in full (a layer: up to the next kernel of the same name as the step's second)
     print(f"\n{'#':>3} {'kernel':<44} {'cost':>7} {'dur':>7} {'start':>7}")
     layer_mark = names[1] if n_mode > 1 else names[0]
@@ -87,18 +86,18 @@ def main():
     for k, (n, c, d) in sorted(per.items(), key=lambda kv: -kv[1][1]):
         print(f"{k:<44} {n:>4} {c:10.1f} {100 * c / tot:5.1f}% {c / n:10.2f} {statistics.median(d):9.2f}")
     print(f"{'sum of medians':<44} {'':>4} {tot:10.1f}")
-    # the longest other segment: a prefill (up to its own argmax), kinds by cost
-    longer = [s for s in segs if len(s) > n_mode]
+    # the longest other segment: a prefill (up to the next argmax: in lilac bench, its first decode step), kinds by cost
+    longer = [seg for seg in segs if len(seg[1]) > n_mode]
     if longer:
-        s = max(longer, key=len)
-        pe = prev_end[id(s)]
+        pe0, s = max(longer, key=lambda seg: len(seg[1]))
+        pe = pe0
         per = defaultdict(lambda: [0, 0.0])
         for st, en, k in s:
             per[k][0] += 1
             per[k][1] += max(en - pe, 0) / 1e3
             pe = max(pe, en)
-        span = (s[-1][1] - prev_end[id(s)]) / 1e3
-        print(f"\nlongest other segment (a prefill): {len(s)} kernels, {span / 1e3:.3f} ms; "
+        span = (s[-1][1] - pe0) / 1e3
+        print(f"\nlongest other segment (a prefill, up to the next argmax): {len(s)} kernels, {span / 1e3:.3f} ms; "
               f"cost = end minus the latest earlier end (kernels of a side stream overlap)")
         for k, (n, c) in sorted(per.items(), key=lambda kv: -kv[1][1])[:24]:
             print(f"{k:<44} {n:>5} {c / 1e3:9.3f} ms {100 * c / span:5.1f}%")

@@ -834,8 +834,8 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                 s->moe_nsg = nsg;
                 if (const char *e = getenv("LILAC_MOE_PROF")) {
                     s->moe_prof_layer = atoi(e);
-                    s->moe_prof_nA = (int)(K * (c->moe_inter / 32));
-                    s->moe_prof_grid = s->moe_prof_nA + (int)(d0.sh_down.cols / (64 * nsg));
+                    s->moe_prof_nA = (int)moe_split_routed((int)K, c->moe_inter);
+                    s->moe_prof_grid = (int)moe_split_grid((int)K, c->moe_inter, d0.sh_down.cols, nsg);
                     ok = ok && dalloc(s, &s->moe_prof, (size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid, err) == 0;
                 }
             }
@@ -1293,7 +1293,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
             if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
                 const int nsg = s->moe_nsg;
-                const unsigned grid = (unsigned)(K * (I / 32) + d.sh_down.cols / (64 * nsg));
+                const unsigned grid = (unsigned)moe_split_grid(K, I, d.sh_down.cols, nsg);
 #define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
                             d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \

@@ -6,8 +6,8 @@
 #include <mma.h>
 
 #include "cuda_common.cuh"
-#include "cuda_g4.cuh"
-#include "cuda_topk.cuh" // g4_split: the prefill norms write their output split for the GEMM after them
+#include "cuda_g4.cuh" // g4_split: the prefill norms write their output split for the GEMM after them
+#include "cuda_topk.cuh"
 
 // ---------------------------------------------------------------- embedding / norms
 

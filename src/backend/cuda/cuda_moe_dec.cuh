@@ -273,11 +273,13 @@ static inline void moe_split_timeline(FILE *f, const unsigned long long *tt, int
         fprintf(f, "\n");
     }
 }
+// k_moe_split's grid: K*I/32 routed units, then the shared expert's SI/64 groups NSG a unit.
+static inline int64_t moe_split_routed(int K, int64_t I) { return (int64_t)K * (I / 32); }
+static inline int64_t moe_split_grid(int K, int64_t I, int64_t SI, int nsg) { return moe_split_routed(K, I) + SI / (64 * nsg); }
 // Whether k_moe_split serves a layer (as k_moe_fused, and a packed shared down
 // of whole groups); its shared units take NSG = 2 groups when the grid then fits
 // one block per SM, else 1.
 static inline int moe_split_nsg(const dmat &Ws, int64_t H, int64_t I, int K, int n_sm) {
     if (!Ws.pk || Ws.rows != H || Ws.cols % 64) return 0;
-    const int64_t ngs = Ws.cols / 64;
-    return ngs % 2 == 0 && (int64_t)K * (I / 32) + ngs / 2 <= n_sm ? 2 : 1;
+    return Ws.cols % 128 == 0 && moe_split_grid(K, I, Ws.cols, 2) <= n_sm ? 2 : 1;
 }

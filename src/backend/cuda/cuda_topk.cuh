@@ -9,7 +9,7 @@
 #endif
 
 // The router's top-k of one token by one warp, the probabilities in registers (E <= 32 * PL):
-// every round is a warp argmax by shuffles only.
+// every round is a warp argmax by two redux instructions.
 template <int PL>
 __device__ __forceinline__ void topk_warp(const float *lg, int E, int K, int norm, int *topi, float *topw, int *counts,
                                           int t) {

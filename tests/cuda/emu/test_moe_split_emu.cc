@@ -143,7 +143,7 @@ static void run_case(int64_t H, int64_t I, int K, int E, int norm, bool tie) {
         fails++;
         return;
     }
-    const unsigned grid = (unsigned)(K * (I / 32) + SI / (64 * nsg));
+    const unsigned grid = (unsigned)moe_split_grid(K, I, SI, nsg);
     std::vector<unsigned long long> acc((size_t)H, 0ull);
     unsigned count = 0;
     std::vector<double> ref = reference(gt, up, dn, sh, xn, lg, shgu, sg, K, norm, x);
