@@ -771,9 +771,15 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     // this thread will read, so that one round trip serves them all: the gates'
     // and the gated norm's inputs used to be two more after the conv's
     const float a_log = A_log[j], dtb = dt_bias[j], nwm = nw[m];
-    pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
+#ifdef GDN_STATE_EARLY // the state before the wait: written by this layer's step of the previous token only
 #pragma unroll
     for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
+#endif
+    pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
+#ifndef GDN_STATE_EARLY
+#pragma unroll
+    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
+#endif
     const float bj = bb[j], aj = ba[j], zz = z[(int64_t)j * dv + m];
     const int p = *d_pos;
     const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;

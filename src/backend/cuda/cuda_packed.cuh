@@ -90,6 +90,11 @@ static inline int gemv_stages(int64_t cols, int ns) {
 }
 
 #define TCG_MAX 8
+// The decode GEMV's weight stages by bulk copies (one thread, an mbarrier per stage)
+// instead of every lane's cp.async: 1 (the default) or 0.
+#ifndef GEMV_TMA
+#define GEMV_TMA 0
+#endif
 
 // A timestamp (SM clock, global timer) at point i of blocks 0 and last of
 // grid row 0, into prof[b*32 + i] and prof[b*32 + 16 + i]: bench_gemv.cu's
@@ -99,6 +104,18 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
     const int b = blockIdx.x == 0 ? 0 : 1;
     prof[b * 32 + i] = clock64();
     prof[b * 32 + 16 + i] = gtimer();
+}
+
+// An output row: written, or added to y (the residual stream: one adder per row and launch).
+// GEMV_RED: the addition as a reduction the L2 makes (no round trip before the block may
+// leave; the same f32 sum, rounded to nearest).
+__device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
+#ifdef GEMV_RED
+    if (accum) atomicAdd(y, v);
+    else *y = v;
+#else
+    *y = accum ? *y + v : v;
+#endif
 }
 
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
@@ -170,12 +187,33 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
     const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
     const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
     uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float));
-    // Copies set k into stage k % S, each lane its own words (the code word it
-    // multiplies, and for lanes t < 2 the scale/bias word it folds): no barrier
-    // between a set's copies and its use. One commit group per call, empty past
-    // the block's sets.
+    // Copies set k into stage k % S. GEMV_TMA: thread 0 moves the set's codes and
+    // scale/bias pairs (contiguous in the packed layout) by two bulk copies that
+    // complete on the stage's mbarrier. Else each lane copies its own words (the
+    // code word it multiplies, and for lanes t < 2 the scale/bias word it folds):
+    // no barrier between a set's copies and its use; one commit group per call,
+    // empty past the block's sets.
     const int rbl = warp % RBB;
+    __shared__ uint64_t sbar[4]; // GEMV_TMA: stage s's copies (S <= 4)
+    if (GEMV_TMA && tc) {
+        if (tid == 0) {
+            for (int s = 0; s < S; s++) mbar_init(&sbar[s], 1);
+            mbar_fence_init();
+        }
+        __syncthreads();
+    }
     auto issue = [&](int k) {
+        if (GEMV_TMA) {
+            if (tid == 0 && tc && k < nk) {
+                const int64_t rb0 = (set0 + k) * RBB, nr = nrb - rb0 < RBB ? nrb - rb0 : RBB; // >= 1
+                uint4 *d = stg + (int64_t)(k % S) * su4;
+                const unsigned cb = (unsigned)(nr * ng * 512), sb = (unsigned)(nr * ng * 64);
+                mbar_expect(&sbar[k % S], cb + sb);
+                bulk_g2s(d, W.pk + rb0 * ng * 32, cb, &sbar[k % S]);
+                bulk_g2s(d + (int64_t)RBB * ng * 32, W.psb + rb0 * ng * 16, sb, &sbar[k % S]);
+            }
+            return;
+        }
         const int64_t rb = (set0 + k) * RBB + rbl;
         if (tc && k < nk && rb < nrb) {
             uint4 *d = stg + (int64_t)(k % S) * su4;
@@ -249,17 +287,21 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
             const int64_t r = (set0 + k) * 8 + warp;
             float v = r < W.rows ? row_dot(W, r, xs, lane) : 0.0f;
             v = warp_sum(v);
-            if (lane == 0 && r < W.rows) y[r] = accum ? y[r] + v : v;
+            if (lane == 0 && r < W.rows) gemv_store(y + r, v, accum);
         }
         gemv_tail_run(job.tail);
         return;
     }
     for (int k = 0; k < nk; k++) {
-        issue(k + S - 1); // into the stage this lane read for set k-1
-        switch (S) {      // this lane's words of set k have landed: at most S-1 later groups pending
-        case 2: cp_async_wait<1>(); break;
-        case 3: cp_async_wait<2>(); break;
-        default: cp_async_wait<3>(); break;
+        issue(k + S - 1); // into the stage every warp read for set k-1 (before the barrier of k-1)
+        if (GEMV_TMA) {
+            mbar_wait(&sbar[k % S], (unsigned)(k / S) & 1u); // set k's copies have landed
+        } else {
+            switch (S) { // this lane's words of set k have landed: at most S-1 later groups pending
+            case 2: cp_async_wait<1>(); break;
+            case 3: cp_async_wait<2>(); break;
+            default: cp_async_wait<3>(); break;
+            }
         }
         const uint4 *sw = stg + (int64_t)(k % S) * su4;
         const uint32_t *ssb = (const uint32_t *)(sw + (int64_t)RBB * ng * 32);
@@ -286,7 +328,7 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
 #pragma unroll
             for (int sl = 0; sl < NS; sl++) v += pt[sl * RBB + rl][r];
             const int64_t row = ((set0 + k) * RBB + rl) * 16 + r;
-            if (row < W.rows) y[row] = accum ? y[row] + v : v;
+            if (row < W.rows) gemv_store(y + row, v, accum);
         }
         // pt is rewritten two sets on, after the next barrier, which every reader above passes first
         gemv_mark(job.prof, 4 + k);
