@@ -75,7 +75,9 @@ __device__ __forceinline__ void warp_norm_rope_regs(const float (&r)[DPL], const
     }
 }
 
+#ifndef ADEC_S
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
+#endif
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 
 // What both kernels share. Split s of S over the n = p + 1 keys of the token at position p

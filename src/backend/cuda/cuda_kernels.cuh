@@ -11,7 +11,9 @@
 
 // ---------------------------------------------------------------- embedding / norms
 
-// x[t] = dequantised row ids[t] of the embedding. Grid (T, column blocks).
+// x[t] = dequantised row ids[t] of the embedding. Grid (T, column blocks). The first
+// kernel of every pass, and it never lets its successor launch early: k_gdn_step reads
+// its state before its predecessor wait, relying on the previous pass having ended.
 __global__ void k_embed(dmat E, const int *ids, float *x) {
     pdl_wait();
     const int t = blockIdx.x;
@@ -771,15 +773,12 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     // this thread will read, so that one round trip serves them all: the gates'
     // and the gated norm's inputs used to be two more after the conv's
     const float a_log = A_log[j], dtb = dt_bias[j], nwm = nw[m];
-#ifdef GDN_STATE_EARLY // the state before the wait: written by this layer's step of the previous token only
+    // The state too: only this layer's step of the previous token writes it, and every
+    // step starts with k_embed, which never lets its successor launch before it ends
+    // (so nothing of this step runs before the previous step has ended).
 #pragma unroll
     for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
-#endif
-    pdl_wait(); // every read below may depend on earlier kernels (the state on the previous step's)
-#ifndef GDN_STATE_EARLY
-#pragma unroll
-    for (int i = 0; i < KPT; i++) sv[i] = S[(int64_t)i * dv];
-#endif
+    pdl_wait(); // every read below may depend on earlier kernels
     const float bj = bb[j], aj = ba[j], zz = z[(int64_t)j * dv + m];
     const int p = *d_pos;
     const float *rd = conv2 + (int64_t)(p & 1) * (K - 1) * CD;

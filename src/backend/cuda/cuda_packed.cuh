@@ -90,11 +90,6 @@ static inline int gemv_stages(int64_t cols, int ns) {
 }
 
 #define TCG_MAX 8
-// The decode GEMV's weight stages by bulk copies (one thread, an mbarrier per stage)
-// instead of every lane's cp.async: 1 (the default) or 0.
-#ifndef GEMV_TMA
-#define GEMV_TMA 0
-#endif
 
 // A timestamp (SM clock, global timer) at point i of blocks 0 and last of
 // grid row 0, into prof[b*32 + i] and prof[b*32 + 16 + i]: bench_gemv.cu's
@@ -106,16 +101,12 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
     prof[b * 32 + 16 + i] = gtimer();
 }
 
-// An output row: written, or added to y (the residual stream: one adder per row and launch).
-// GEMV_RED: the addition as a reduction the L2 makes (no round trip before the block may
-// leave; the same f32 sum, rounded to nearest).
+// An output row: written, or added to y (the residual stream: one adder per row and
+// launch) as a reduction the L2 makes, so that no load round trip comes before the block
+// may leave (the same f32 sum, rounded to nearest; run 128 with the two changes beside it).
 __device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
-#ifdef GEMV_RED
     if (accum) atomicAdd(y, v);
     else *y = v;
-#else
-    *y = accum ? *y + v : v;
-#endif
 }
 
 // The one-token GEMV (decode) for a job (see gemv_job). Packed matrices: a
@@ -187,15 +178,13 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
     const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
     const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
     uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float));
-    // Copies set k into stage k % S. GEMV_TMA: thread 0 moves the set's codes and
-    // scale/bias pairs (contiguous in the packed layout) by two bulk copies that
-    // complete on the stage's mbarrier. Else each lane copies its own words (the
-    // code word it multiplies, and for lanes t < 2 the scale/bias word it folds):
-    // no barrier between a set's copies and its use; one commit group per call,
-    // empty past the block's sets.
-    const int rbl = warp % RBB;
-    __shared__ uint64_t sbar[4]; // GEMV_TMA: stage s's copies (S <= 4)
-    if (GEMV_TMA && tc) {
+    // Copies set k into stage k % S: thread 0 moves the set's codes and scale/bias
+    // pairs (contiguous in the packed layout) by two bulk copies that complete on the
+    // stage's mbarrier. (Every lane's own cp.async before, run 128: the same step
+    // time, 5-19% slower kernels alone, lm_head 93.9 -> 89.0 us.)
+    const int rbl = warp % RBB; // the row block of the set this warp multiplies
+    __shared__ uint64_t sbar[4]; // stage s's copies (S <= 4)
+    if (tc) {
         if (tid == 0) {
             for (int s = 0; s < S; s++) mbar_init(&sbar[s], 1);
             mbar_fence_init();
@@ -203,30 +192,14 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         __syncthreads();
     }
     auto issue = [&](int k) {
-        if (GEMV_TMA) {
-            if (tid == 0 && tc && k < nk) {
-                const int64_t rb0 = (set0 + k) * RBB, nr = nrb - rb0 < RBB ? nrb - rb0 : RBB; // >= 1
-                uint4 *d = stg + (int64_t)(k % S) * su4;
-                const unsigned cb = (unsigned)(nr * ng * 512), sb = (unsigned)(nr * ng * 64);
-                mbar_expect(&sbar[k % S], cb + sb);
-                bulk_g2s(d, W.pk + rb0 * ng * 32, cb, &sbar[k % S]);
-                bulk_g2s(d + (int64_t)RBB * ng * 32, W.psb + rb0 * ng * 16, sb, &sbar[k % S]);
-            }
-            return;
-        }
-        const int64_t rb = (set0 + k) * RBB + rbl;
-        if (tc && k < nk && rb < nrb) {
+        if (tid == 0 && tc && k < nk) {
+            const int64_t rb0 = (set0 + k) * RBB, nr = nrb - rb0 < RBB ? nrb - rb0 : RBB; // >= 1
             uint4 *d = stg + (int64_t)(k % S) * su4;
-            uint32_t *ds = (uint32_t *)(d + (int64_t)RBB * ng * 32);
-#pragma unroll
-            for (int i = 0; i < TCG_MAX; i++)
-                if (i < ngw) {
-                    const int64_t G = slice + (int64_t)NS * i;
-                    cp_async16(d + (rbl * ng + G) * 32 + lane, W.pk + (rb * ng + G) * 32 + lane, true);
-                    if (t < 2) cp_async4(ds + (rbl * ng + G) * 16 + g + 8 * t, W.psb + (rb * ng + G) * 16 + g + 8 * t, true);
-                }
+            const unsigned cb = (unsigned)(nr * ng * 512), sb = (unsigned)(nr * ng * 64);
+            mbar_expect(&sbar[k % S], cb + sb);
+            bulk_g2s(d, W.pk + rb0 * ng * 32, cb, &sbar[k % S]);
+            bulk_g2s(d + (int64_t)RBB * ng * 32, W.psb + rb0 * ng * 16, sb, &sbar[k % S]);
         }
-        cp_async_commit();
     };
     for (int k = 0; k < S - 1; k++) issue(k);
     gemv_mark(job.prof, 1);
@@ -294,15 +267,7 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
     }
     for (int k = 0; k < nk; k++) {
         issue(k + S - 1); // into the stage every warp read for set k-1 (before the barrier of k-1)
-        if (GEMV_TMA) {
-            mbar_wait(&sbar[k % S], (unsigned)(k / S) & 1u); // set k's copies have landed
-        } else {
-            switch (S) { // this lane's words of set k have landed: at most S-1 later groups pending
-            case 2: cp_async_wait<1>(); break;
-            case 3: cp_async_wait<2>(); break;
-            default: cp_async_wait<3>(); break;
-            }
-        }
+        mbar_wait(&sbar[k % S], (unsigned)(k / S) & 1u); // set k's copies have landed
         const uint4 *sw = stg + (int64_t)(k % S) * su4;
         const uint32_t *ssb = (const uint32_t *)(sw + (int64_t)RBB * ng * 32);
         const int64_t rb = (set0 + k) * RBB + rbl;
@@ -333,7 +298,6 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         // pt is rewritten two sets on, after the next barrier, which every reader above passes first
         gemv_mark(job.prof, 4 + k);
     }
-    cp_async_wait<0>();
     gemv_mark(job.prof, 15);
     gemv_tail_run(job.tail);
 }
