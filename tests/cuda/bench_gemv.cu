@@ -361,6 +361,11 @@ int main(int argc, char **argv) {
     // (gemv_mark in cuda_packed.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
     // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
     if (!only) {
+#ifdef GEMV_STAGE_MARKS
+        const bool marks_stage = true; // marks 12-14 inside the staging (the sets of these jobs stay below 12)
+#else
+        const bool marks_stage = false;
+#endif
         unsigned long long *pb = dalloc<unsigned long long>(NL * 64);
         unsigned long long hp[NL * 64];
         for (auto &jb : jobs) {
@@ -381,12 +386,16 @@ int main(int argc, char **argv) {
                     unsigned long long last = ck[0];
                     const char *nm[4] = {"issue", "wait", "stage", ""};
                     for (int i = 1; i < 16; i++) {
-                        if (!ck[i]) continue;
+                        if (!ck[i] || (marks_stage && i >= 12 && i <= 14)) continue;
                         printf(" %s%s%d %.0f", i < 4 ? nm[i - 1] : "set", "", i < 4 ? 0 : i - 4, (double)(ck[i] - last));
                         last = ck[i];
                     }
                     const double mhz = gt[15] > gt[0] ? (double)(ck[15] - ck[0]) / ((double)(gt[15] - gt[0]) / 1e3) : 0;
                     printf(" cycles; total %.2f us (%.0f MHz)\n", (double)(gt[15] - gt[0]) / 1e3, mhz);
+                    if (marks_stage && ck[12] && ck[13] && ck[14]) // bench_gemv_marks: the staging's parts
+                        printf("    staging after the wait: loads landed %.0f, block sum %.0f, pieces %.0f, barrier %.0f cycles\n",
+                               (double)(ck[12] - ck[2]), (double)(ck[13] - ck[12]), (double)(ck[14] - ck[13]),
+                               (double)(ck[3] - ck[14]));
                 }
             }
         }

@@ -15,7 +15,7 @@
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
 #          left out in turn (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
-#         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
+#         decode at 4k; kbench: bench_gemv.cu alone (also with GEMV_MINB=3 and GEMV_STAGE_MARKS); verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #   matrix: lilac bench at 256 ... 131,072 (LENS, STEPS) and HF transformers' speed (HF_LENS, HF_STEPS) on the same synth
 #   trace: decode at TRACE_LENS (default 4096 32768) untraced, then under kernel_trace.c (CUPTI: every kernel's start
@@ -281,12 +281,14 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     done | tee -a "$OUT/bench.log"
     exit $rc
 fi
-if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM
-    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv build/cuda-tests/bench_gemv3 > "$LOGS/build-gemv.log" 2>&1 ||
-        { tail -20 "$LOGS/build-gemv.log"; exit 1; }
+if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM, and with the staging's marks
+    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv build/cuda-tests/bench_gemv3 build/cuda-tests/bench_gemv_marks \
+        > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
     ./build/cuda-tests/bench_gemv | tee "$OUT/bench-gemv.log"
     echo "=== GEMV_MINB=3"
     ./build/cuda-tests/bench_gemv3 | tee "$OUT/bench-gemv3.log"
+    echo "=== GEMV_STAGE_MARKS (the input staging's parts; the timings of this build carry the marks' cost)"
+    ./build/cuda-tests/bench_gemv_marks | sed -n '/^profile/,$p' | tee "$OUT/bench-gemv-marks.log"
     exit 0
 fi
 if [ "$MODE" = gemv ]; then

@@ -113,7 +113,7 @@ __device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
 // "set" is 8/NS row blocks of 16 rows; warp w takes row block w % (8/NS) of
 // the set and groups w / (8/NS) + NS*i, partial sums meeting in shared memory.
 // A block stages its input once and loops over job.upb consecutive sets; the
-// sets stream through job.stages shared-memory stages by cp.async, the first
+// sets stream through job.stages shared-memory stages by bulk copies, the first
 // ones issued before the block waits for its predecessor kernel (weights do
 // not depend on it), and then the next kernel may launch (its blocks start as
 // this one's leave: two per SM fill the register file). Where the time goes:
@@ -229,7 +229,13 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         float ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
+#ifdef GEMV_STAGE_MARKS // bench_gemv_marks: where the staging's time goes (marks 12-14; sets use 4-11)
+        gemv_mark(job.prof, 12); // thread 0's input loads have landed
+#endif
         inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
+#ifdef GEMV_STAGE_MARKS
+        gemv_mark(job.prof, 13); // the block's sum of squares
+#endif
     }
 #pragma unroll
     for (int u = 0; u < GEMV_STAGE; u++) {
@@ -250,6 +256,9 @@ __global__ void __launch_bounds__(256, GEMV_MINB) k_gemv(gemv_job job, const flo
         if (in) *(float4 *)(xs + xs_idx(4 * q)) = v4;
         if (tc) pk_stage4(v4, q, in, xb, xsg); // block-uniform: whole warps
     }
+#ifdef GEMV_STAGE_MARKS
+    gemv_mark(job.prof, 14); // thread 0's pieces written
+#endif
     __syncthreads();
     gemv_mark(job.prof, 3);
 
