@@ -7,46 +7,7 @@
 
 #include "cuda_dmat.cuh"
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-// Warp-wide (value, index) maximum; ties go to the lowest index (as the CPU reference).
-template <typename I>
-__device__ __forceinline__ void warp_argmax(float &v, I &idx) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-        const I oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > v || (ov == v && oi < idx)) { v = ov; idx = oi; }
-    }
-}
-
-// Block-wide sum; `sh` holds >= 32 floats. All threads get the result.
-__device__ __forceinline__ float block_sum(float v, float *sh) {
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    return warp_sum(v);
-}
-__device__ __forceinline__ float block_max(float v, float *sh) {
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[wid] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : -INFINITY;
-    return warp_max(v);
-}
+#include "cuda_reduce.cuh" // warp and block sums and maxima, argmax
 
 // Programmatic dependent launch (Hopper): kernels are launched so that they may
 // start while their predecessor finishes; pdl_wait() blocks until the
@@ -187,6 +148,9 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 // A barrier of the n threads (whole warps) that call it with the same id (1..15; __syncthreads uses 0).
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+// The same with the id and count in the instruction: an id in a register reserves all 16 barriers.
+template <int ID, int N>
+__device__ __forceinline__ void bar_sync_n() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
 
 // ---------------------------------------------------------------- grid barrier
 // (the persistent decode kernel, cuda_decode.cuh, and k_moe_fused, cuda_packed.cuh;

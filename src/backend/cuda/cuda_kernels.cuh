@@ -8,6 +8,7 @@
 #include "cuda_common.cuh"
 #include "cuda_g4.cuh" // g4_split: the prefill norms write their output split for the GEMM after them
 #include "cuda_topk.cuh"
+#include "cuda_gemv.cuh" // the decode GEMV
 
 // ---------------------------------------------------------------- embedding / norms
 
@@ -77,155 +78,9 @@ __global__ void k_add_rmsnorm(float *x, const float *r, const float *gain, float
     norm_row_out(xr, inv, gain, y ? y + (int64_t)blockIdx.x * H : nullptr, H, sp, blockIdx.x);
 }
 
-// ---------------------------------------------------------------- matrix-vector (decode): the job, row dots
-// (the kernel itself, k_gemv, is in cuda_packed.cuh beside the packed layout it reads)
+// ---------------------------------------------------------------- matrix-vector (decode)
+// The one-token GEMV (the job, the row dots of unpacked matrices, k_gemv): cuda_gemv.cuh.
 
-enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
-
-#define GEMV_MATS 4
-
-// Up to GEMV_MATS matrices that read the same input, in one launch: blocks
-// [start[i], start[i+1]) compute matrix i. Output row r goes to y[i][ldy[i]*slot + r],
-// added to what is there when accum[i] (the residual stream: one warp owns a row,
-// so no two writers meet). XM_NORM: the input is rmsnorm(x) * gain, computed by
-// every block while staging; block (0,0) also writes it to xn_out when given.
-// One-token work that needs every output of a GEMV launch, done by the block
-// that finishes last (it sees the arrival counter reach the grid size): the
-// MoE combine after the down GEMV, where k_moe_down cannot serve (unpacked
-// experts, or a shared expert of another width).
-enum { TAIL_NONE = 0, TAIL_COMBINE = 1 };
-struct gemv_tail {
-    int kind;
-    int *done; // arrival counter, zero between launches (the last block resets it)
-    // combine: x[h] += sigmoid(sg[0]) shy[h] + sum_k topw[k] ye[k*H + h]
-    int K;
-    const float *topw;
-    float *x;
-    const float *ye, *shy, *sg;
-    int64_t H;
-};
-
-struct gemv_job {
-    dmat W[GEMV_MATS];
-    float *y[GEMV_MATS];
-    int64_t ldy[GEMV_MATS];
-    int accum[GEMV_MATS];
-    const float *x[GEMV_MATS]; // input row (slot 0); null: the kernel's x argument
-    int64_t ldx[GEMV_MATS], xoff[GEMV_MATS];
-    int plain[GEMV_MATS];      // expert launches: this matrix is not routed (computed by slot 0 only)
-    int start[GEMV_MATS + 1]; // first block of each matrix (set by gemv_launch)
-    int n;
-    int upb;                  // row-block sets per block (set by gemv_launch)
-    int stages;               // weight stages in shared memory (set by gemv_launch)
-    unsigned long long *prof; // tests/cuda/bench_gemv.cu's in-kernel timestamps (null: off)
-    // Expert mode: with tk_logits, every block computes the router's top-k itself
-    // (topk_warp, E <= 256, K <= 8) and block (0,0) writes it to tk_topi/tk_topw;
-    // the expert ids then come from there instead of topi.
-    const float *tk_logits;
-    int tk_E, tk_K, tk_norm;
-    int *tk_topi;
-    float *tk_topw;
-    const float *gain;
-    float *xn_out;
-    float eps;
-    gemv_tail tail;
-};
-
-// The staged input lives in shared memory padded to 36 floats per 32, so that
-// the float4 reads of a warp (each lane a different 32/16/8-column run) hit
-// distinct banks.
-__device__ __forceinline__ int xs_idx(int64_t c) { return (int)((c >> 5) * 36 + (c & 31)); }
-
-// The 8 codes of a packed word (code j: 4 bits at bit 4j) as floats 1 + q/128:
-// the low and high nibbles of each byte are masked once per word and topped
-// with 0x80, then one byte permute per code builds 0x3F8q0000-style bits
-// (exponent of 1.0, q in the mantissa). Exact, and ~1.4 integer instructions
-// per code instead of a shift, a mask and a quarter-rate I2F.
-__device__ __forceinline__ void nib8_1p(uint32_t w, float f[8]) {
-    const uint32_t lo = (w & 0x0F0F0F0Fu) | 0x80808080u, hi = ((w >> 4) & 0x0F0F0F0Fu) | 0x80808080u;
-    const uint32_t one = 0x3F000000u; // byte 7 of the permute source: 0x3F; byte 4: 0x00
-    f[0] = __uint_as_float(__byte_perm(lo, one, 0x7044));
-    f[1] = __uint_as_float(__byte_perm(hi, one, 0x7044));
-    f[2] = __uint_as_float(__byte_perm(lo, one, 0x7144));
-    f[3] = __uint_as_float(__byte_perm(hi, one, 0x7144));
-    f[4] = __uint_as_float(__byte_perm(lo, one, 0x7244));
-    f[5] = __uint_as_float(__byte_perm(hi, one, 0x7244));
-    f[6] = __uint_as_float(__byte_perm(lo, one, 0x7344));
-    f[7] = __uint_as_float(__byte_perm(hi, one, 0x7344));
-}
-
-// 32 staged inputs times one 16-byte chunk of 4-bit codes (32 weights), with the
-// group's scale and bias: s * sum(x q) + b * sum(x). With f = 1 + q/128,
-// sum(x q) = 128 (sum(x f) - sum(x)); f32 keeps that within ~1e-6 relative.
-__device__ __forceinline__ float chunk_dot4(uint4 raw, const float *xs, int64_t c0, float s, float b) {
-    const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
-    float dq = 0.0f, xsum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; w++) {
-        const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 8 * w)), xb = *(const float4 *)(xs + xs_idx(c0 + 8 * w + 4));
-        float f[8];
-        nib8_1p(wd[w], f);
-        dq += xa.x * f[0] + xa.y * f[1] + xa.z * f[2] + xa.w * f[3] + xb.x * f[4] + xb.y * f[5] + xb.z * f[6] + xb.w * f[7];
-        xsum += (xa.x + xa.y) + (xa.z + xa.w) + (xb.x + xb.y) + (xb.z + xb.w);
-    }
-    return s * 128.0f * (dq - xsum) + b * xsum;
-}
-
-// Dot of one weight row that is not packed (bf16, 8-bit, or 4-bit in the MLX
-// layout) with the staged input: one warp, lanes over 16-byte chunks of the row
-// (coalesced), f32 accumulation; the lanes' partial sums are the caller's to add.
-__device__ __forceinline__ float row_dot(const dmat &W, int64_t r, const float *xs, int lane) {
-    const int64_t cols = W.cols;
-    float acc = 0.0f;
-    if (W.type == 0 && W.bits == 4) { // 32 columns per 16 bytes; a group spans whole chunks (group % 32 == 0)
-        const int64_t ng = cols / W.group;
-        const uint4 *qr = (const uint4 *)(W.q + r * (cols / 8));
-        for (int64_t i = lane; i < cols / 32; i += 32) {
-            const int64_t g = r * ng + i * 32 / W.group;
-            acc += chunk_dot4(__ldg(qr + i), xs, i * 32, __bfloat162float(W.s[g]), __bfloat162float(W.b[g]));
-        }
-        return acc;
-    }
-    if (W.type == 1) { // bf16: 8 columns per 16 bytes
-        const uint4 *wr = (const uint4 *)(W.w + r * cols);
-        for (int64_t i = lane; i < cols / 8; i += 32) {
-            const uint4 raw = __ldg(wr + i);
-            const __nv_bfloat162 *h = (const __nv_bfloat162 *)&raw;
-            const float4 x0 = *(const float4 *)(xs + xs_idx(i * 8)), x1 = *(const float4 *)(xs + xs_idx(i * 8 + 4));
-            float2 w0 = __bfloat1622float2(h[0]), w1 = __bfloat1622float2(h[1]), w2 = __bfloat1622float2(h[2]),
-                   w3 = __bfloat1622float2(h[3]);
-            acc += w0.x * x0.x + w0.y * x0.y + w1.x * x0.z + w1.y * x0.w + w2.x * x1.x + w2.y * x1.y + w3.x * x1.z + w3.y * x1.w;
-        }
-        return acc;
-    }
-    const int64_t ng = cols / W.group;
-    const __nv_bfloat16 *sr = W.s + r * ng, *br = W.b + r * ng;
-    // 8-bit: 16 columns per 16 bytes
-    const uint4 *qr = (const uint4 *)(W.q + r * (cols / 4));
-    for (int64_t i = lane; i < cols / 16; i += 32) {
-        const uint4 raw = __ldg(qr + i);
-        const int64_t c0 = i * 16;
-        const float s = __bfloat162float(sr[c0 / W.group]), b = __bfloat162float(br[c0 / W.group]);
-        const uint32_t wd[4] = {raw.x, raw.y, raw.z, raw.w};
-        float dq = 0.0f, xsum = 0.0f; // codes as 1 + q/256 (see nib_1p)
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float4 xa = *(const float4 *)(xs + xs_idx(c0 + 4 * k));
-            const uint32_t w = wd[k];
-            const float f0 = __uint_as_float(((w << 15) & 0x007F8000u) | 0x3F800000u),
-                        f1 = __uint_as_float(((w << 7) & 0x007F8000u) | 0x3F800000u),
-                        f2 = __uint_as_float(((w >> 1) & 0x007F8000u) | 0x3F800000u),
-                        f3 = __uint_as_float(((w >> 9) & 0x007F8000u) | 0x3F800000u);
-            dq += xa.x * f0 + xa.y * f1 + xa.z * f2 + xa.w * f3;
-            xsum += (xa.x + xa.y) + (xa.z + xa.w);
-        }
-        acc += s * 256.0f * (dq - xsum) + b * xsum;
-    }
-    return acc;
-}
-
-#define GEMV_STAGE 4 // staged GEMV input: up to 4 float4 per thread, 4096 columns
-__host__ __device__ inline size_t gemv_smem(int64_t cols) { return sizeof(float) * (size_t)(((cols + 31) / 32) * 36); }
 
 // ---------------------------------------------------------------- matrix-matrix (prefill), tensor cores
 
@@ -1229,23 +1084,3 @@ static inline unsigned argmax_blocks(int64_t V) {
     return (unsigned)(b < 1 ? 1 : b > 512 ? 512 : b);
 }
 
-// The tail of a GEMV launch (see gemv_tail): every block arrives; the last one runs it.
-__device__ __forceinline__ void gemv_tail_run(const gemv_tail &tl) {
-    if (tl.kind == TAIL_NONE) return;
-    __shared__ int last;
-    __syncthreads(); // this block's outputs are written
-    if (threadIdx.x == 0) {
-        __threadfence();
-        last = atomicAdd(tl.done, 1) == (int)(gridDim.x * gridDim.y) - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const float gs = 1.0f / (1.0f + expf(-__ldcg(tl.sg)));
-    for (int64_t h = threadIdx.x; h < tl.H; h += blockDim.x) {
-        float a = gs * __ldcg(tl.shy + h);
-        for (int k = 0; k < tl.K; k++) a += tl.topw[k] * __ldcg(tl.ye + (int64_t)k * tl.H + h);
-        tl.x[h] += a;
-    }
-    if (threadIdx.x == 0) *tl.done = 0;
-}

@@ -21,3 +21,11 @@ inline float __bfloat162float(__nv_bfloat16 b) {
     memcpy(&f, &u, 4);
     return f;
 }
+// A pair (row_dot's bf16 branch), widened to two floats.
+struct __nv_bfloat162 {
+    __nv_bfloat16 x, y;
+};
+template <typename F2 = struct float2>
+inline F2 __bfloat1622float2(__nv_bfloat162 h) {
+    return F2{__bfloat162float(h.x), __bfloat162float(h.y)};
+}

@@ -34,6 +34,7 @@
 
 #include <chrono>
 #include <type_traits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -239,13 +240,63 @@ inline void pdl_trigger() {}
 inline void pdl_trigger_early() {}
 inline unsigned long long gtimer() { return 0; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-inline float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+#include "backend/cuda/cuda_reduce.cuh" // warp_sum, block_sum, ... as the kernels have them
+inline long long clock64() { return 0; }
+inline float atomicAdd(float *p, float v) {
+    const float o = *p;
+    *p = o + v;
+    return o;
 }
-inline float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+// One byte of the pair (x, y) per selector nibble (the low 3 bits of each), as PRMT's default mode.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = (uint64_t)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+    return r;
+}
+// mbarriers and bulk copies (cuda_common.cuh): a copy lands at once; the barrier's 64 bits hold the
+// completed phases (bits 0-15), the arrivals it expects (16-23) and still awaits (24-31), and the
+// transaction bytes still due (32-63). A wait for a phase that has not completed aborts: on the GPU
+// it would never return, or return on an older phase of the same parity.
+namespace cuemu {
+struct mbar_state {
+    unsigned phase, count, pending;
+    int tx;
+};
+inline mbar_state mbar_get(const uint64_t *b) {
+    return {(unsigned)(*b & 0xFFFFu), (unsigned)(*b >> 16 & 0xFFu), (unsigned)(*b >> 24 & 0xFFu), (int)(uint32_t)(*b >> 32)};
+}
+inline void mbar_put(uint64_t *b, mbar_state m) {
+    if (m.pending == 0 && m.tx == 0) { // the phase completes
+        m.phase = (m.phase + 1) & 0xFFFFu;
+        m.pending = m.count;
+    }
+    *b = (uint64_t)m.phase | (uint64_t)m.count << 16 | (uint64_t)m.pending << 24 | (uint64_t)(uint32_t)m.tx << 32;
+}
+} // namespace cuemu
+inline void mbar_init(uint64_t *bar, unsigned count) { *bar = (uint64_t)count << 16 | (uint64_t)count << 24; }
+inline void mbar_fence_init() {}
+inline void mbar_expect(uint64_t *bar, unsigned bytes) {
+    cuemu::mbar_state m = cuemu::mbar_get(bar);
+    m.pending--;
+    m.tx += (int)bytes;
+    cuemu::mbar_put(bar, m);
+}
+inline void bulk_g2s(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    if (((uintptr_t)smem | (uintptr_t)gmem | bytes) & 15u) {
+        fprintf(stderr, "cuemu: bulk copy of %u bytes not 16-byte aligned\n", bytes);
+        abort();
+    }
+    memcpy(smem, gmem, bytes);
+    cuemu::mbar_state m = cuemu::mbar_get(bar);
+    m.tx -= (int)bytes;
+    cuemu::mbar_put(bar, m);
+}
+inline void mbar_wait(uint64_t *bar, unsigned parity) {
+    if ((cuemu::mbar_get(bar).phase & 1u) == (parity & 1u)) {
+        fprintf(stderr, "cuemu: mbarrier wait for phase parity %u, which has not completed\n", parity & 1u);
+        abort();
+    }
 }
 inline void cp_async4(void *smem, const void *gmem, bool valid) {
     if (valid) memcpy(smem, gmem, 4);
@@ -272,6 +323,7 @@ inline void bar_sync(int id, int n) {
     if (b.count == 0) b.expected = (unsigned)n;
     cuemu::arrive(b);
 }
+template <int ID, int N> inline void bar_sync_n() { bar_sync(ID, N); }
 
 // ---------------------------------------------------------------- runtime
 
@@ -460,3 +512,18 @@ inline cudaError_t cudaLaunchKernel(void (*f)(P...), dim3 g, dim3 b, void **args
     cuemu::body_arg = nullptr;
     return cudaSuccess;
 }
+// cuda_common.cuh's launcher, as the kernels' host sides call it (programmatic serialization
+// means nothing here: launches run one after another): the arguments as the kernel's types.
+template <typename... P, typename... A, size_t... I>
+inline cudaError_t cuemu_launch(void (*k)(P...), dim3 g, dim3 b, size_t sm, std::index_sequence<I...>, A &&...a) {
+    std::tuple<std::remove_cv_t<std::remove_reference_t<P>>...> t(static_cast<A &&>(a)...);
+    void *args[] = {(void *)&std::get<I>(t)..., nullptr};
+    return cudaLaunchKernel(k, g, b, args, sm);
+}
+template <typename... P, typename... A>
+inline cudaError_t launch_ex(cudaStream_t, bool, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
+    return cuemu_launch(k, g, b, sm, std::index_sequence_for<P...>{}, static_cast<A &&>(a)...);
+}
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <typename F>
+inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return cudaSuccess; }

@@ -1,0 +1,181 @@
+// test_gemv_emu.cc — the decode GEMV (src/backend/cuda/cuda_gemv.cuh: k_gemv through
+// gemv_launch) run by the CUDA emulator on the CPU, against the same products in double from
+// the same codes. Checks the kernel's logic where CI has no GPU: the weight stages (bulk copies
+// completing on mbarriers, whose phases the emulator tracks: a wait for a phase that has not
+// completed aborts), several sets per block with the stages wrapping round, the input staged as
+// int8 pieces (plain, RMSNorm with the normalised input written out, SwiGLU), rows added into the
+// residual stream, several matrices in one launch (one of them 8-bit, through row_dot), and
+// routed slots (expert mode). Built as it ships and with GEMV_WIDE=1 (one 512-thread block a SM,
+// its halves taking the sets in turn). test_matmul checks the same kernel on the device. Build
+// (tests/run.sh does):
+//   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
+//       tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_runtime.h"
+#define EMU_SEED 0x2545F4914F6CDD1Dull
+#include "emu_test.h"
+#include "backend/cuda/cuda_gemv.cuh"
+#include "emu_packed.h"
+
+// An 8-bit affine matrix in the MLX layout (four codes a word, group 64), for row_dot.
+struct q8 {
+    int64_t rows, cols;
+    std::vector<uint32_t> q;
+    std::vector<__nv_bfloat16> s, b;
+    double w(int64_t r, int64_t c) const {
+        const size_t gi = (size_t)(r * (cols / 64) + c / 64);
+        const uint32_t code = q[(size_t)((r * cols + c) / 4)] >> (8 * (c % 4)) & 0xFFu;
+        return (double)__bfloat162float(s[gi]) * code + (double)__bfloat162float(b[gi]);
+    }
+    dmat view() const {
+        dmat d = {};
+        d.type = 0, d.bits = 8, d.group = 64, d.rows = rows, d.cols = cols, d.stride = rows, d.n_experts = 1;
+        d.q = q.data(), d.s = s.data(), d.b = b.data();
+        return d;
+    }
+};
+static q8 make_q8(int64_t rows, int64_t cols) {
+    q8 m;
+    m.rows = rows, m.cols = cols;
+    m.q.resize((size_t)(rows * cols / 4));
+    for (auto &v : m.q) v = (uint32_t)(urand() * 4294967296.0);
+    m.s.resize((size_t)(rows * cols / 64));
+    m.b.resize(m.s.size());
+    for (size_t i = 0; i < m.s.size(); i++) {
+        const float sc = (float)(0.0002 + 0.0006 * urand());
+        m.s[i] = __float2bfloat16_rn(sc);
+        m.b[i] = __float2bfloat16_rn(-sc * (float)(100.0 + 50.0 * urand()));
+    }
+    return m;
+}
+
+static std::vector<float> rand_vec(int64_t n, float a) {
+    std::vector<float> v((size_t)n);
+    for (auto &x : v) x = sym(a);
+    return v;
+}
+static double rel_err(const std::vector<float> &y, const std::vector<double> &ref) {
+    double e = 0.0, m = 0.0;
+    for (size_t i = 0; i < y.size(); i++) {
+        const double d = fabs((double)y[i] - ref[i]);
+        e = std::isnan(d) ? INFINITY : std::max(e, d);
+        m = std::max(m, fabs(ref[i]));
+    }
+    return m > 0.0 ? e / m : e;
+}
+static void verdict(bool ok, const char *what, double e) {
+    printf("%s %-58s max|y - ref| / max|ref| %.2e\n", ok ? "PASS" : "FAIL", what, e);
+    ok ? passes++ : fails++;
+}
+
+// The input as the kernel takes it (xm), from the raw row (x, and x + cols for SwiGLU's up half).
+static std::vector<double> gemv_input(const std::vector<float> &x, int64_t cols, int xm, const std::vector<float> &gain) {
+    std::vector<double> v((size_t)cols);
+    double ss = 0.0;
+    for (int64_t c = 0; c < cols; c++) ss += (double)x[(size_t)c] * x[(size_t)c];
+    const double inv = 1.0 / sqrt(ss / (double)cols + 1e-6);
+    for (int64_t c = 0; c < cols; c++) {
+        const double a = x[(size_t)c];
+        v[(size_t)c] = xm == XM_NORM ? a * inv * gain[(size_t)c] : xm == XM_SWIGLU ? a / (1.0 + exp(-a)) * x[(size_t)(cols + c)] : a;
+    }
+    return v;
+}
+
+// One launch of a job over the matrices ms (4-bit packed ones, and an 8-bit one when q8m is given)
+// at `blocks` (gemv_launch's grid aim: fewer blocks, more sets each), against the double products.
+static void plain_case(const char *what, std::vector<const qm *> ms, const q8 *q8m, int xm, bool accum, int blocks) {
+    const int64_t cols = ms.empty() ? q8m->cols : ms[0]->cols;
+    const std::vector<float> x = rand_vec(xm == XM_SWIGLU ? 2 * cols : cols, 2.0f), gain = rand_vec(cols, 1.5f);
+    const std::vector<double> xin = gemv_input(x, cols, xm, gain);
+    gemv_job j = {};
+    std::vector<std::vector<float>> y;
+    std::vector<std::vector<double>> ref;
+    auto add = [&](dmat W, auto wfn) {
+        const int i = j.n++;
+        std::vector<float> y0 = accum ? rand_vec(W.rows, 1.0f) : std::vector<float>((size_t)W.rows, NAN); // poison
+        std::vector<double> r((size_t)W.rows);
+        for (int64_t row = 0; row < W.rows; row++) {
+            double a = accum ? y0[(size_t)row] : 0.0;
+            for (int64_t c = 0; c < cols; c++) a += wfn(row, c) * xin[(size_t)c];
+            r[(size_t)row] = a;
+        }
+        y.push_back(y0);
+        ref.push_back(r);
+        j.W[i] = W;
+        j.ldy[i] = W.rows;
+        j.accum[i] = accum;
+    };
+    for (const qm *m : ms) add(m->view(), [m](int64_t r, int64_t c) { return m->w(0, r, c); });
+    if (q8m) add(q8m->view(), [q8m](int64_t r, int64_t c) { return q8m->w(r, c); });
+    for (int i = 0; i < j.n; i++) j.y[i] = y[(size_t)i].data();
+    std::vector<float> xn((size_t)cols, NAN);
+    j.gain = gain.data();
+    j.eps = 1e-6f;
+    if (xm == XM_NORM) j.xn_out = xn.data();
+    if (gemv_launch(0, false, j, xm, x.data(), cols, cols, nullptr, 1, 0, blocks) != cudaSuccess) {
+        verdict(false, what, INFINITY);
+        return;
+    }
+    double e = 0.0;
+    for (int i = 0; i < j.n; i++) e = std::max(e, rel_err(y[(size_t)i], ref[(size_t)i]));
+    bool ok = e <= 2e-6;
+    if (xm == XM_NORM) {
+        const double en = rel_err(xn, xin);
+        if (!(en <= 1e-6)) { ok = false; printf("  xn_out: max|xn - ref| / max|ref| %.2e\n", en); }
+    }
+    char line[160];
+    snprintf(line, sizeof line, "%s (%d sets a block at most)", what, j.upb);
+    verdict(ok, line, e);
+}
+
+// Expert mode: slots 0 .. ns-1 multiply expert topi[slot] of a stacked matrix with input row slot.
+static void expert_case(int64_t rows, int64_t cols, int E, int ns, int blocks) {
+    const qm m = make_qm(rows, cols, E);
+    std::vector<int> topi((size_t)ns);
+    for (int s = 0; s < ns; s++) topi[(size_t)s] = (int)((s * 7 + 3) % E);
+    const std::vector<float> x = rand_vec((int64_t)ns * cols, 2.0f);
+    std::vector<float> y((size_t)(ns * rows), NAN);
+    std::vector<double> ref((size_t)(ns * rows));
+    for (int s = 0; s < ns; s++)
+        for (int64_t r = 0; r < rows; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < cols; c++) a += m.w(topi[(size_t)s], r, c) * x[(size_t)(s * cols + c)];
+            ref[(size_t)(s * rows + r)] = a;
+        }
+    gemv_job j = {};
+    j.n = 1;
+    j.W[0] = m.view();
+    j.y[0] = y.data();
+    j.ldy[0] = rows;
+    const bool ok0 = gemv_launch(0, false, j, XM_PLAIN, x.data(), cols, 0, topi.data(), 1, ns, blocks) == cudaSuccess;
+    const double e = ok0 ? rel_err(y, ref) : INFINITY;
+    char line[160];
+    snprintf(line, sizeof line, "experts: %d slots of %d x %lld x %lld (%d sets a block at most)", ns, E, (long long)rows,
+             (long long)cols, j.upb);
+    verdict(ok0 && e <= 2e-6, line, e);
+}
+
+int main() {
+    printf("k_gemv on the emulator, %d thread(s) a block (GEMV_WIDE=%d)\n", GEMV_THREADS, GEMV_WIDE);
+    const qm a = make_qm(256, 2048, 1); // 16 sets of one row block (NS 8): 8 a block at 2 blocks, stages wrap twice
+    const qm b = make_qm(40, 512, 1);   // NS 2: sets of four row blocks, the last one partial
+    const qm c = make_qm(48, 4096, 1);  // out_proj's width: two stages
+    const q8 r8 = make_q8(37, 2048);    // the router's kind: row_dot, a row a warp
+    plain_case("plain 256 x 2048, 2 blocks", {&a}, nullptr, XM_PLAIN, false, 2);
+    plain_case("rmsnorm + gain, accumulated, 256 x 2048, 4 blocks", {&a}, nullptr, XM_NORM, true, 4);
+    plain_case("swiglu 256 x 2048, 3 blocks", {&a}, nullptr, XM_SWIGLU, false, 3);
+    plain_case("plain 40 x 512, 1 block", {&b}, nullptr, XM_PLAIN, false, 1);
+    plain_case("rmsnorm, accumulated, 48 x 4096, 2 blocks", {&c}, nullptr, XM_NORM, true, 2);
+    plain_case("rmsnorm: 4-bit 256 x 2048 and 8-bit 37 x 2048 in one launch", {&a}, &r8, XM_NORM, false, 6);
+    plain_case("plain, one set a block", {&a}, nullptr, XM_PLAIN, false, 0);
+    expert_case(64, 2048, 5, 3, 2);
+    printf("%d passed, %d failed\n", passes, fails);
+    return fails ? 1 : 0;
+}
