@@ -77,7 +77,7 @@ $(BUILD)/cuda-tests/bench_gemv3: tests/cuda/bench_gemv.cu $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -DGEMV_MINB=3 -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
 
-# bench_gemv with marks inside the GEMV's input staging (GEMV_STAGE_MARKS, cuda_packed.cuh)
+# bench_gemv with marks inside the GEMV's input staging (GEMV_STAGE_MARKS, cuda_gemv.cuh)
 $(BUILD)/cuda-tests/bench_gemv_marks: tests/cuda/bench_gemv.cu $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -DGEMV_STAGE_MARKS -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp

@@ -358,7 +358,7 @@ int main(int argc, char **argv) {
         printf("\n");
     }
     // Where a launch's time goes: timestamps in blocks 0 and last of the middle launch of a graph
-    // (gemv_mark in cuda_packed.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
+    // (gemv_mark in cuda_gemv.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
     // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
     if (!only) {
 #ifdef GEMV_STAGE_MARKS

@@ -875,7 +875,7 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
     return launch_ex(s->st, s->pdl, k, g, b, sm, std::forward<A>(a)...);
 }
 
-// One GEMV launch for a job (k_gemv, gemv_launch in cuda_packed.cuh); `slots`
+// One GEMV launch for a job (k_gemv, gemv_launch in cuda_gemv.cuh); `slots`
 // > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {

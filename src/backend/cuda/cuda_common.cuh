@@ -87,9 +87,8 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 // Bulk copies by the tensor memory accelerator (sm_90): one thread moves a contiguous
 // range (16-byte aligned, a multiple of 16 bytes) into shared memory and the copy
-// completes on an mbarrier that counts its bytes. Unlike cp.async, the copy takes none
-// of the SM's load-tracking resources, so the ordinary loads issued after it (a GEMV's
-// input, once its predecessor is done) do not queue behind it.
+// completes on an mbarrier that counts its bytes: one thread's few instructions where
+// cp.async takes every lane's (the decode GEMV's stages: docs/perf.md, run 128).
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
