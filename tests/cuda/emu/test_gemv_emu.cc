@@ -5,9 +5,9 @@
 // completed aborts), several sets per block with the stages wrapping round, the input staged as
 // int8 pieces (plain, RMSNorm with the normalised input written out, SwiGLU), rows added into the
 // residual stream, several matrices in one launch (one of them 8-bit, through row_dot), and
-// routed slots (expert mode). Built as it ships and with GEMV_WIDE=1 (one 512-thread block a SM,
-// its halves taking the sets in turn). test_matmul checks the same kernel on the device. Build
-// (tests/run.sh does):
+// routed slots (expert mode, also with the router's top-k made in the kernel, a tie included).
+// Built as it ships and with GEMV_WIDE=1 (one 512-thread block a SM, its halves taking the sets
+// in turn). test_matmul checks the same kernel on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
 //       tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu
 #include <math.h>
@@ -162,6 +162,54 @@ static void expert_case(int64_t rows, int64_t cols, int E, int ns, int blocks) {
     verdict(ok0 && e <= 2e-6, line, e);
 }
 
+// Expert mode with the router's top-k made by every block (job.tk_logits): the K slots take the
+// top-K experts of E logits (a tie at the top: the lower id first), all of one input row; block
+// (0,0) writes the ids and the renormalised weights.
+static void topk_case(int E, int K, int64_t rows, int64_t cols, int blocks) {
+    const qm m = make_qm(rows, cols, E);
+    const std::vector<float> x = rand_vec(cols, 2.0f);
+    std::vector<float> lg = rand_vec(E, 3.0f);
+    std::vector<int> ids((size_t)E);
+    auto rank = [&] { // by logit, ties by the lower id (the CPU reference's order)
+        for (int e = 0; e < E; e++) ids[(size_t)e] = e;
+        std::sort(ids.begin(), ids.end(), [&](int a, int b) { return lg[(size_t)a] > lg[(size_t)b] || (lg[(size_t)a] == lg[(size_t)b] && a < b); });
+    };
+    rank();
+    lg[(size_t)ids[1]] = lg[(size_t)ids[0]]; // a tie at the top
+    rank();
+    double mx = -1e300, tot = 0.0;
+    for (float v : lg) mx = std::max(mx, (double)v);
+    for (int k = 0; k < K; k++) tot += exp((double)lg[(size_t)ids[(size_t)k]] - mx);
+    std::vector<float> y((size_t)(K * rows), NAN), tw((size_t)K, NAN);
+    std::vector<int> ti((size_t)K, -1), decoy((size_t)K, 0); // the kernel must not read the decoy ids
+    std::vector<double> ref((size_t)(K * rows));
+    for (int k = 0; k < K; k++)
+        for (int64_t r = 0; r < rows; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < cols; c++) a += m.w(ids[(size_t)k], r, c) * x[(size_t)c];
+            ref[(size_t)(k * rows + r)] = a;
+        }
+    gemv_job j = {};
+    j.n = 1;
+    j.W[0] = m.view();
+    j.y[0] = y.data();
+    j.ldy[0] = rows;
+    j.tk_logits = lg.data(), j.tk_E = E, j.tk_K = K, j.tk_norm = 1, j.tk_topi = ti.data(), j.tk_topw = tw.data();
+    const bool ok0 = gemv_launch(0, false, j, XM_PLAIN, x.data(), cols, 0, decoy.data(), K, K, blocks) == cudaSuccess;
+    double we = 0.0;
+    bool same = ok0;
+    for (int k = 0; k < K; k++) {
+        same = same && ti[(size_t)k] == ids[(size_t)k];
+        const double w = exp((double)lg[(size_t)ids[(size_t)k]] - mx) / tot;
+        we = std::max(we, fabs((double)tw[(size_t)k] - w) / w);
+    }
+    const double e = ok0 ? rel_err(y, ref) : INFINITY;
+    char line[160];
+    snprintf(line, sizeof line, "top-%d of %d in the kernel, %lld x %lld (ids %s, weights %.1e)", K, E, (long long)rows,
+             (long long)cols, same ? "the same" : "DIFFER", we);
+    verdict(same && we <= 1e-6 && e <= 2e-6, line, e);
+}
+
 int main() {
     printf("k_gemv on the emulator, %d thread(s) a block (GEMV_WIDE=%d)\n", GEMV_THREADS, GEMV_WIDE);
     const qm a = make_qm(256, 2048, 1); // 16 sets of one row block (NS 8): 8 a block at 2 blocks, stages wrap twice
@@ -176,6 +224,7 @@ int main() {
     plain_case("rmsnorm: 4-bit 256 x 2048 and 8-bit 37 x 2048 in one launch", {&a}, &r8, XM_NORM, false, 6);
     plain_case("plain, one set a block", {&a}, nullptr, XM_PLAIN, false, 0);
     expert_case(64, 2048, 5, 3, 2);
+    topk_case(16, 4, 32, 2048, 2);
     printf("%d passed, %d failed\n", passes, fails);
     return fails ? 1 : 0;
 }
