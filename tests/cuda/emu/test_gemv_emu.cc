@@ -135,6 +135,27 @@ static void plain_case(const char *what, std::vector<const qm *> ms, const q8 *q
     verdict(ok, line, e);
 }
 
+// Routed slots in double: slot s multiplies expert e[s] of m with the input row at x + s * xstride.
+static std::vector<double> slots_ref(const qm &m, const std::vector<int> &e, const std::vector<float> &x, int64_t xstride) {
+    std::vector<double> ref(e.size() * (size_t)m.rows);
+    for (size_t s = 0; s < e.size(); s++)
+        for (int64_t r = 0; r < m.rows; r++) {
+            double a = 0.0;
+            for (int64_t c = 0; c < m.cols; c++) a += m.w(e[s], r, c) * x[s * (size_t)xstride + (size_t)c];
+            ref[s * (size_t)m.rows + (size_t)r] = a;
+        }
+    return ref;
+}
+// An expert-mode job of m alone, its slots' rows into y.
+static gemv_job slots_job(const qm &m, std::vector<float> &y) {
+    gemv_job j = {};
+    j.n = 1;
+    j.W[0] = m.view();
+    j.y[0] = y.data();
+    j.ldy[0] = m.rows;
+    return j;
+}
+
 // Expert mode: slots 0 .. ns-1 multiply expert topi[slot] of a stacked matrix with input row slot.
 static void expert_case(int64_t rows, int64_t cols, int E, int ns, int blocks) {
     const qm m = make_qm(rows, cols, E);
@@ -142,18 +163,8 @@ static void expert_case(int64_t rows, int64_t cols, int E, int ns, int blocks) {
     for (int s = 0; s < ns; s++) topi[(size_t)s] = (int)((s * 7 + 3) % E);
     const std::vector<float> x = rand_vec((int64_t)ns * cols, 2.0f);
     std::vector<float> y((size_t)(ns * rows), NAN);
-    std::vector<double> ref((size_t)(ns * rows));
-    for (int s = 0; s < ns; s++)
-        for (int64_t r = 0; r < rows; r++) {
-            double a = 0.0;
-            for (int64_t c = 0; c < cols; c++) a += m.w(topi[(size_t)s], r, c) * x[(size_t)(s * cols + c)];
-            ref[(size_t)(s * rows + r)] = a;
-        }
-    gemv_job j = {};
-    j.n = 1;
-    j.W[0] = m.view();
-    j.y[0] = y.data();
-    j.ldy[0] = rows;
+    const std::vector<double> ref = slots_ref(m, topi, x, cols);
+    gemv_job j = slots_job(m, y);
     const bool ok0 = gemv_launch(0, false, j, XM_PLAIN, x.data(), cols, 0, topi.data(), 1, ns, blocks) == cudaSuccess;
     const double e = ok0 ? rel_err(y, ref) : INFINITY;
     char line[160];
@@ -182,18 +193,8 @@ static void topk_case(int E, int K, int64_t rows, int64_t cols, int blocks) {
     for (int k = 0; k < K; k++) tot += exp((double)lg[(size_t)ids[(size_t)k]] - mx);
     std::vector<float> y((size_t)(K * rows), NAN), tw((size_t)K, NAN);
     std::vector<int> ti((size_t)K, -1), decoy((size_t)K, 0); // the kernel must not read the decoy ids
-    std::vector<double> ref((size_t)(K * rows));
-    for (int k = 0; k < K; k++)
-        for (int64_t r = 0; r < rows; r++) {
-            double a = 0.0;
-            for (int64_t c = 0; c < cols; c++) a += m.w(ids[(size_t)k], r, c) * x[(size_t)c];
-            ref[(size_t)(k * rows + r)] = a;
-        }
-    gemv_job j = {};
-    j.n = 1;
-    j.W[0] = m.view();
-    j.y[0] = y.data();
-    j.ldy[0] = rows;
+    const std::vector<double> ref = slots_ref(m, std::vector<int>(ids.begin(), ids.begin() + K), x, 0);
+    gemv_job j = slots_job(m, y);
     j.tk_logits = lg.data(), j.tk_E = E, j.tk_K = K, j.tk_norm = 1, j.tk_topi = ti.data(), j.tk_topw = tw.data();
     const bool ok0 = gemv_launch(0, false, j, XM_PLAIN, x.data(), cols, 0, decoy.data(), K, K, blocks) == cudaSuccess;
     double we = 0.0;
