@@ -361,11 +361,7 @@ int main(int argc, char **argv) {
     // (gemv_mark in cuda_gemv.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
     // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
     if (!only) {
-#ifdef GEMV_STAGE_MARKS
-        const bool marks_stage = true; // marks 12-14 inside the staging (the sets of these jobs stay below 12)
-#else
-        const bool marks_stage = false;
-#endif
+        const bool marks_stage = GEMV_SMARKS; // marks 12-14 inside the staging (the kernel's sets then stop at 11)
         unsigned long long *pb = dalloc<unsigned long long>(NL * 64);
         unsigned long long hp[NL * 64];
         for (auto &jb : jobs) {

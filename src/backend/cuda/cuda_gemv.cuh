@@ -201,13 +201,12 @@ __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
     return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
 }
 // Blocks of k_gemv per SM the compiler budgets registers for (launch bounds).
-// 2: 119 registers, 4 weight stages. 3 (an experiment, bench_gemv3): 80
-// registers and 3 stages, so that with a grid of two per SM the next kernel's
-// block fits beside and issues its copies before its predecessor ends.
+// 2: 107-114 registers (run 128's build), 4 weight stages. 3 (an experiment,
+// bench_gemv3): 80 registers and 3 stages, so that with a grid of two per SM the
+// next kernel's block fits beside and issues its copies before its predecessor ends.
 #ifndef GEMV_MINB
 #define GEMV_MINB 2
 #endif
-#define GEMV_SMEM_STAGES (GEMV_MINB >= 3 ? 56u << 10 : 110u << 10) // weight stages per 256 threads
 // GEMV_WIDE=1 (an experiment): one block of 512 threads where two of 256 shared a SM. Its
 // two halves take the block's sets alternately, each with its own stages and barrier,
 // and stage the input once between them (with two blocks a SM, each staged it: run 128,
@@ -217,10 +216,9 @@ __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
 #endif
 #define GEMV_SUB (GEMV_WIDE ? 2 : 1)  // 256-thread halves of a block
 #define GEMV_THREADS (256 * GEMV_SUB)
-#if GEMV_WIDE // each half's stages within the block's 227 KB (3 stages of 4096 columns a half did not fit: run 130)
-#undef GEMV_SMEM_STAGES
-#define GEMV_SMEM_STAGES (92u << 10)
-#endif
+// Weight stages per 256 threads; GEMV_WIDE: both halves' within a block's 227 KB (3 stages
+// of 4,096 columns a half did not fit: run 130).
+#define GEMV_SMEM_STAGES (GEMV_WIDE ? 92u << 10 : GEMV_MINB >= 3 ? 56u << 10 : 110u << 10)
 static inline int gemv_stages(int64_t cols, int ns) {
     const size_t per = gemv_stage_u4(cols, ns) * 16;
     const size_t n = GEMV_SMEM_STAGES / per;
@@ -228,6 +226,11 @@ static inline int gemv_stages(int64_t cols, int ns) {
 }
 
 #define TCG_MAX 8
+#ifdef GEMV_STAGE_MARKS // bench_gemv_marks: marks 12-14 inside the input staging
+#define GEMV_SMARKS 1
+#else
+#define GEMV_SMARKS 0
+#endif
 
 // A timestamp (SM clock, global timer) at point i of blocks 0 and last of
 // grid row 0, into prof[b*32 + i] and prof[b*32 + 16 + i]: bench_gemv.cu's
@@ -372,13 +375,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
         float ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
-#ifdef GEMV_STAGE_MARKS // bench_gemv_marks: where the staging's time goes (marks 12-14; sets use 4-11)
-        gemv_mark(job.prof, 12); // thread 0's input loads have landed
-#endif
+        if (GEMV_SMARKS) gemv_mark(job.prof, 12); // thread 0's input loads have landed
         inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
-#ifdef GEMV_STAGE_MARKS
-        gemv_mark(job.prof, 13); // the block's sum of squares
-#endif
+        if (GEMV_SMARKS) gemv_mark(job.prof, 13); // the block's sum of squares
     }
 #pragma unroll
     for (int u = 0; u < GEMV_STAGE; u++) {
@@ -399,9 +398,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
         if (in) *(float4 *)(xs + xs_idx(4 * q)) = v4;
         if (tc) pk_stage4(v4, q, in, xb, xsg); // block-uniform: whole warps
     }
-#ifdef GEMV_STAGE_MARKS
-    gemv_mark(job.prof, 14); // thread 0's pieces written
-#endif
+    if (GEMV_SMARKS) gemv_mark(job.prof, 14); // thread 0's pieces written
     __syncthreads();
     gemv_mark(job.prof, 3);
 
@@ -450,7 +447,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
             if (row < W.rows) gemv_store(y + row, v, accum);
         }
         // pt is rewritten two sets on, after the next barrier, which every reader above passes first
-        gemv_mark(job.prof, 4 + k);
+        if (!GEMV_SMARKS || k < 8) gemv_mark(job.prof, 4 + k); // (with the staging's marks, 12-14 are theirs)
     }
     gemv_mark(job.prof, 15);
     gemv_tail_run(job.tail);
