@@ -5,7 +5,8 @@
 // completed aborts), several sets per block with the stages wrapping round, the input staged as
 // int8 pieces (plain, RMSNorm with the normalised input written out, SwiGLU), rows added into the
 // residual stream, several matrices in one launch (one of them 8-bit, through row_dot), and
-// routed slots (expert mode, also with the router's top-k made in the kernel, a tie included).
+// routed slots (expert mode, also with the router's top-k made in the kernel, a tie included);
+// and pk_stage4's bytes against the layout formula of cuda_pk.cuh, in both ways kernels call it.
 // Built as it ships and with GEMV_WIDE=1 (one 512-thread block a SM, its halves taking the sets
 // in turn). test_matmul checks the same kernel on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
@@ -14,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -135,6 +137,86 @@ static void plain_case(const char *what, std::vector<const qm *> ms, const q8 *q
     verdict(ok, line, e);
 }
 
+// pk_stage4 against the layout formula it implements (cuda_pk.cuh: piece n of column c at byte
+// 64 n + 256 G + 16 ((w & 7) >> 1) + 4 ks + 2 (w & 1) + (w >> 3), G = c / 64, ks = c % 64 / 16,
+// w = c % 16; int8 casts of i8_pieces of c's value over its group's σ), byte by byte, over
+// inputs with zero groups, mixed magnitudes and rounding ties, in both ways the kernels call it:
+// a block's threads over consecutive quads (k_gemv, the MoE stagers), and one warp's 16 lanes
+// with lanes 16-31 idle (k_moe_split's h and shared-expert staging).
+static void stage_ref(const std::vector<float> &x, int64_t n4, std::vector<uint8_t> &xb, std::vector<float> &xsg) {
+    for (int64_t G = 0; G < n4 / 16; G++) {
+        float gs = 0.0f, m = 0.0f;
+        float qs[16];
+        for (int k = 0; k < 16; k++) {
+            const float *v = &x[(size_t)(64 * G + 4 * k)];
+            qs[k] = (v[0] + v[1]) + (v[2] + v[3]);
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+        }
+        // the xor butterfly's association at the group's first lane
+        gs = (((qs[0] + qs[8]) + (qs[4] + qs[12])) + ((qs[2] + qs[10]) + (qs[6] + qs[14]))) +
+             (((qs[1] + qs[9]) + (qs[5] + qs[13])) + ((qs[3] + qs[11]) + (qs[7] + qs[15])));
+        const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+        for (int64_t c = 64 * G; c < 64 * G + 64; c++) {
+            const int64_t cc = c & 63, ks = cc >> 4, w = cc & 15;
+            const int64_t at = 256 * G + 16 * ((w & 7) >> 1) + 4 * ks + 2 * (w & 1) + (w >> 3);
+            float a, b, cp;
+            i8_pieces(x[(size_t)c] * inv, a, b, cp);
+            xb[(size_t)at] = (uint8_t)(int8_t)a;
+            xb[(size_t)at + 64] = (uint8_t)(int8_t)b;
+            xb[(size_t)at + 128] = (uint8_t)(int8_t)cp;
+        }
+        xsg[(size_t)(2 * G)] = gs;
+        xsg[(size_t)(2 * G + 1)] = m * (1.0f / 127.0f);
+    }
+}
+__global__ void k_stage_quads(const float *x, int64_t n4, int warp_mode, uint4 *xq) {
+    float *xsg = (float *)(xq + n4);
+    if (warp_mode) { // warp 0, lanes 0-15 one quad each of group blockIdx.x
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x, q = lane & 15;
+        const int64_t gq = (int64_t)blockIdx.x * 16 + q;
+        const float4 v = lane < 16 ? *(const float4 *)(x + 4 * gq) : make_float4(0, 0, 0, 0);
+        pk_stage4(v, gq, lane < 16, xq, xsg);
+        return;
+    }
+    for (int64_t q0 = 0; q0 < n4; q0 += blockDim.x) {
+        const int64_t q = q0 + threadIdx.x;
+        const bool in = q < n4;
+        pk_stage4(in ? *(const float4 *)(x + 4 * q) : make_float4(0, 0, 0, 0), q, in, xq, xsg);
+    }
+}
+static void stage_bytes_case(int64_t cols) {
+    const int64_t n4 = cols / 4, ng = cols / 64;
+    std::vector<float> x((size_t)cols);
+    for (int64_t c = 0; c < cols; c++) {
+        const int64_t G = c / 64;
+        const float mag = G % 5 == 0 ? 0.0f : G % 5 == 1 ? 1e-30f : G % 5 == 2 ? 3e4f : 1.0f;
+        x[(size_t)c] = sym(1.0f) * mag * (c % 7 == 0 ? 1e-3f : 1.0f);
+        if (G % 5 == 3 && c % 9 == 0) x[(size_t)c] = (float)((c % 13) - 6) * 0.5f; // halves: rintf ties
+    }
+    std::vector<uint8_t> rb((size_t)n4 * 16, 0);
+    std::vector<float> rs((size_t)ng * 2);
+    stage_ref(x, n4, rb, rs);
+    for (int wm = 0; wm < 2; wm++) {
+        std::vector<uint4> xq((size_t)(n4 + cols / 128), uint4{0, 0, 0, 0}); // pieces, then {Σx, σ} per group
+        const float *xp = x.data();
+        uint4 *qp = xq.data();
+        int64_t n4v = n4;
+        void *args[] = {&xp, &n4v, &wm, &qp};
+        cudaLaunchKernel(k_stage_quads, dim3(wm ? (unsigned)ng : 1u), dim3(256), args, 0);
+        const uint8_t *gb = (const uint8_t *)xq.data();
+        const float *gsg = (const float *)(xq.data() + n4);
+        size_t bad = 0;
+        for (int64_t i = 0; i < n4 * 16; i++)
+            if ((i / 64) % 4 != 3 && gb[i] != rb[(size_t)i]) bad++; // (piece 3: nobody writes or reads it)
+        for (int64_t i = 0; i < 2 * ng; i++) bad += memcmp(&gsg[i], &rs[(size_t)i], sizeof(float)) != 0;
+        char line[120];
+        snprintf(line, sizeof line, "pk_stage4 bytes, %lld columns, %s", (long long)cols, wm ? "one warp's 16 lanes" : "a block's quads");
+        printf("%s %-58s bytes or sums differing from the layout: %zu\n", bad ? "FAIL" : "PASS", line, bad);
+        bad ? fails++ : passes++;
+    }
+}
+
 // Routed slots in double: slot s multiplies expert e[s] of m with the input row at x + s * xstride.
 static std::vector<double> slots_ref(const qm &m, const std::vector<int> &e, const std::vector<float> &x, int64_t xstride) {
     std::vector<double> ref(e.size() * (size_t)m.rows);
@@ -224,6 +306,8 @@ int main() {
     plain_case("rmsnorm, accumulated, 48 x 4096, 2 blocks", {&c}, nullptr, XM_NORM, true, 2);
     plain_case("rmsnorm: 4-bit 256 x 2048 and 8-bit 37 x 2048 in one launch", {&a}, &r8, XM_NORM, false, 6);
     plain_case("plain, one set a block", {&a}, nullptr, XM_PLAIN, false, 0);
+    stage_bytes_case(2048);
+    stage_bytes_case(320); // a block's last round partly out
     expert_case(64, 2048, 5, 3, 2);
     topk_case(16, 4, 32, 2048, 2);
     printf("%d passed, %d failed\n", passes, fails);
