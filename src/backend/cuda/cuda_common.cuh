@@ -147,9 +147,6 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 // A barrier of the n threads (whole warps) that call it with the same id (1..15; __syncthreads uses 0).
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-// The same with the id and count in the instruction: an id in a register reserves all 16 barriers.
-template <int ID, int N>
-__device__ __forceinline__ void bar_sync_n() { asm volatile("bar.sync %0, %1;\n" ::"n"(ID), "n"(N) : "memory"); }
 
 // ---------------------------------------------------------------- grid barrier
 // (the persistent decode kernel, cuda_decode.cuh, and k_moe_fused, cuda_packed.cuh;

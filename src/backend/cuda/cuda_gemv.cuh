@@ -207,18 +207,11 @@ __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
 #ifndef GEMV_MINB
 #define GEMV_MINB 2
 #endif
-// GEMV_WIDE=1 (an experiment): one block of 512 threads where two of 256 shared a SM. Its
-// two halves take the block's sets alternately, each with its own stages and barrier,
-// and stage the input once between them (with two blocks a SM, each staged it: run 128,
-// 7,300-7,900 cycles where one block alone takes 3,400-3,600).
-#ifndef GEMV_WIDE
-#define GEMV_WIDE 0
-#endif
-#define GEMV_SUB (GEMV_WIDE ? 2 : 1)  // 256-thread halves of a block
-#define GEMV_THREADS (256 * GEMV_SUB)
-// Weight stages per 256 threads; GEMV_WIDE: both halves' within a block's 227 KB (3 stages
-// of 4,096 columns a half did not fit: run 130).
-#define GEMV_SMEM_STAGES (GEMV_WIDE ? 92u << 10 : GEMV_MINB >= 3 ? 56u << 10 : 110u << 10)
+// (One block of 512 threads a SM that staged the input once for two halves taking the sets
+// in turn, GEMV_WIDE, lost 1.4% at 4k against two of 256: docs/perf.md, run 131.)
+#define GEMV_THREADS 256
+// The weight stages' shared memory a block.
+#define GEMV_SMEM_STAGES (GEMV_MINB >= 3 ? 56u << 10 : 110u << 10)
 static inline int gemv_stages(int64_t cols, int ns) {
     const size_t per = gemv_stage_u4(cols, ns) * 16;
     const size_t n = GEMV_SMEM_STAGES / per;
@@ -267,12 +260,12 @@ __device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
 // output row is the slot. The last block runs
 // the job's tail (gemv_tail).
 template <int XM, int NS>
-__global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
+__global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     k_gemv(gemv_job job, const float *x, int64_t ldx, int64_t xoff, const int *topi, int x_div) {
     constexpr int RBB = 8 / NS;
     GEMV_SMEM(xs);
     __shared__ float red[32];
-    __shared__ float part[GEMV_SUB][2][8][17];
+    __shared__ float part[2][8][17];
     gemv_mark(job.prof, 0);
     // this block's matrix: the start[] compares are independent loads (a search loop would chain them)
     int mi = 0;
@@ -310,8 +303,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
         yrow = slot;
     }
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    // hs: the half of the block (GEMV_WIDE) that takes sets k = hs, hs + GEMV_SUB, ...; warp: its warp 0-7
-    const int hs = GEMV_SUB > 1 ? (tid >> 8) : 0, warp = (tid >> 5) & 7, ltid = tid & 255;
+    // (The masks change nothing at 256 threads, but without them ptxas gives the common instances
+    // 116 registers instead of 107-110: with them, the machine code runs 128-131 timed.)
+    const int warp = (tid >> 5) & 7, ltid = tid & 255;
     const int64_t cols = W.cols, ng = cols / 64, blk = blockIdx.x - job.start[mi];
     const bool tc = W.pk != nullptr;
     const int64_t nrb = (W.rows + 15) / 16;
@@ -320,34 +314,31 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
     const int64_t set0 = blk * upb, nset = tc ? (nrb + RBB - 1) / RBB : (W.rows + 7) / 8;
     const int nk = (int)(nset - set0 < upb ? nset - set0 : upb); // >= 1: the grid has no empty blocks
     const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
-    uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float)) + (int64_t)hs * S * su4; // this half's stages
-    // Copies the half's set number kk (the block's set k = kk GEMV_SUB + hs) into stage
-    // kk % S: its thread 0 moves the set's codes and scale/bias pairs (contiguous in the
+    uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float)); // the weight stages
+    // Copies the block's set k into stage k % S: its thread 0 moves the set's codes and
+    // scale/bias pairs (contiguous in the
     // packed layout) by two bulk copies that complete on the stage's mbarrier. (Every lane's own cp.async before, run 128: the same step
     // time, 5-19% slower kernels alone, lm_head 93.9 -> 89.0 us.)
     const int rbl = warp % RBB; // the row block of the set this warp multiplies
-    __shared__ uint64_t sbar_all[GEMV_SUB][4]; // stage s's copies (S <= 4), per half
-    uint64_t *const sbar = sbar_all[hs];
+    __shared__ uint64_t sbar[4]; // stage s's copies (S <= 4)
     if (tc) {
         if (tid == 0) {
-            for (int h = 0; h < GEMV_SUB; h++)
-                for (int s = 0; s < S; s++) mbar_init(&sbar_all[h][s], 1);
+            for (int s = 0; s < S; s++) mbar_init(&sbar[s], 1);
             mbar_fence_init();
         }
         __syncthreads();
     }
-    auto issue = [&](int kk) {
-        const int k = kk * GEMV_SUB + hs;
+    auto issue = [&](int k) {
         if (ltid == 0 && tc && k < nk) {
             const int64_t rb0 = (set0 + k) * RBB, nr = nrb - rb0 < RBB ? nrb - rb0 : RBB; // >= 1
-            uint4 *d = stg + (int64_t)(kk % S) * su4;
+            uint4 *d = stg + (int64_t)(k % S) * su4;
             const unsigned cb = (unsigned)(nr * ng * 512), sb = (unsigned)(nr * ng * 64);
-            mbar_expect(&sbar[kk % S], cb + sb);
-            bulk_g2s(d, W.pk + rb0 * ng * 32, cb, &sbar[kk % S]);
-            bulk_g2s(d + (int64_t)RBB * ng * 32, W.psb + rb0 * ng * 16, sb, &sbar[kk % S]);
+            mbar_expect(&sbar[k % S], cb + sb);
+            bulk_g2s(d, W.pk + rb0 * ng * 32, cb, &sbar[k % S]);
+            bulk_g2s(d + (int64_t)RBB * ng * 32, W.psb + rb0 * ng * 16, sb, &sbar[k % S]);
         }
     };
-    for (int kk = 0; kk < S - 1; kk++) issue(kk);
+    for (int k = 0; k < S - 1; k++) issue(k);
     gemv_mark(job.prof, 1);
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
@@ -405,7 +396,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
     float *y = job.y[mi] + yrow * job.ldy[mi];
     const int accum = job.accum[mi];
     if (!tc) { // one row per warp, 8 rows per set
-        for (int k = hs; k < nk; k += GEMV_SUB) {
+        for (int k = 0; k < nk; k++) {
             const int64_t r = (set0 + k) * 8 + warp;
             float v = r < W.rows ? row_dot(W, r, xs, lane) : 0.0f;
             v = warp_sum(v);
@@ -414,10 +405,10 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
         gemv_tail_run(job.tail);
         return;
     }
-    for (int kk = 0, k = hs; k < nk; kk++, k += GEMV_SUB) {
-        issue(kk + S - 1); // into the stage every warp of the half read for its set kk-1 (before that set's barrier)
-        mbar_wait(&sbar[kk % S], (unsigned)(kk / S) & 1u); // the set's copies have landed
-        const uint4 *sw = stg + (int64_t)(kk % S) * su4;
+    for (int k = 0; k < nk; k++) {
+        issue(k + S - 1); // into the stage every warp read for set k-1 (before that set's barrier)
+        mbar_wait(&sbar[k % S], (unsigned)(k / S) & 1u); // the set's copies have landed
+        const uint4 *sw = stg + (int64_t)(k % S) * su4;
         const uint32_t *ssb = (const uint32_t *)(sw + (int64_t)RBB * ng * 32);
         const int64_t rb = (set0 + k) * RBB + rbl;
         float acc0 = 0.0f, acc1 = 0.0f; // rows 16rb+g and +8 (lanes with t == 0)
@@ -430,14 +421,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_WIDE ? 1 : GEMV_MINB)
                     pk_group(sw[(rbl * ng + G) * 32 + lane], psr, xb, ((const float2 *)xsg)[G], G, g, t, acc0, acc1);
                 }
         }
-        float (*pt)[17] = part[hs][kk & 1]; // double-buffered: one barrier per set
+        float (*pt)[17] = part[k & 1]; // double-buffered: one barrier per set
         if (t == 0) {
             pt[warp][g] = acc0;
             pt[warp][g + 8] = acc1;
         }
-        if (GEMV_SUB == 1) __syncthreads();
-        else if (hs) bar_sync_n<2, 256>(); // the half's warps
-        else bar_sync_n<1, 256>();
+        __syncthreads();
         if (ltid < 16 * RBB) {
             const int rl = ltid / 16, r = ltid % 16;
             float v = 0.0f;
@@ -476,8 +465,7 @@ static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, in
         const int rpb = gemv_rows_per_block(j.W[i], ns);
         sets += (j.W[i].rows + rpb - 1) / rpb * (topi && !j.plain[i] ? ys : 1);
     }
-    const int64_t nb = blocks > 0 ? (blocks + GEMV_SUB - 1) / GEMV_SUB : 0; // blocks of GEMV_THREADS
-    j.upb = nb > 0 ? (int)((sets + nb - 1) / nb) : GEMV_SUB;
+    j.upb = blocks > 0 ? (int)((sets + blocks - 1) / blocks) : 1;
     if (j.upb < 1) j.upb = 1;
     j.start[0] = 0;
     for (int i = 0; i < j.n; i++) {
@@ -490,7 +478,7 @@ static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, in
     const dim3 g((unsigned)j.start[j.n], (unsigned)ys);
     bool packed = false; // weight stages only for jobs with a packed matrix (bf16 checkpoints have none)
     for (int i = 0; i < j.n; i++) packed |= j.W[i].pk != nullptr;
-    const size_t sm = gemv_xsmem(cols) + (packed ? (size_t)GEMV_SUB * j.stages * gemv_stage_u4(cols, ns) * 16 : 0);
+    const size_t sm = gemv_xsmem(cols) + (packed ? (size_t)j.stages * gemv_stage_u4(cols, ns) * 16 : 0);
 #define GEMV_GO(XM, NS) return gemv_go<XM, NS>(st, pdl, g, sm, j, x, ldx, xoff, topi, x_div)
 #define GEMV_NS_SWITCH(XM)                 \
     switch (ns) {                          \

@@ -323,7 +323,6 @@ inline void bar_sync(int id, int n) {
     if (b.count == 0) b.expected = (unsigned)n;
     cuemu::arrive(b);
 }
-template <int ID, int N> inline void bar_sync_n() { bar_sync(ID, N); }
 
 // ---------------------------------------------------------------- runtime
 

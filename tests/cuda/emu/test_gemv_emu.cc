@@ -7,8 +7,7 @@
 // residual stream, several matrices in one launch (one of them 8-bit, through row_dot), and
 // routed slots (expert mode, also with the router's top-k made in the kernel, a tie included);
 // and pk_stage4's bytes against the layout formula of cuda_pk.cuh, in both ways kernels call it.
-// Built as it ships and with GEMV_WIDE=1 (one 512-thread block a SM, its halves taking the sets
-// in turn). test_matmul checks the same kernel on the device. Build (tests/run.sh does):
+// test_matmul checks the same kernel on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
 //       tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu
 #include <math.h>
@@ -294,7 +293,7 @@ static void topk_case(int E, int K, int64_t rows, int64_t cols, int blocks) {
 }
 
 int main() {
-    printf("k_gemv on the emulator, %d thread(s) a block (GEMV_WIDE=%d)\n", GEMV_THREADS, GEMV_WIDE);
+    printf("k_gemv on the emulator, %d threads a block\n", GEMV_THREADS);
     const qm a = make_qm(256, 2048, 1); // 16 sets of one row block (NS 8): 8 a block at 2 blocks, stages wrap twice
     const qm b = make_qm(40, 512, 1);   // NS 2: sets of four row blocks, the last one partial
     const qm c = make_qm(48, 4096, 1);  // out_proj's width: two stages
