@@ -316,9 +316,9 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     const int64_t su4 = (int64_t)RBB * ng * 36; // one stage: RBB*ng*32 code uint4, then RBB*ng*4 of scale/bias
     uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float)); // the weight stages
     // Copies the block's set k into stage k % S: its thread 0 moves the set's codes and
-    // scale/bias pairs (contiguous in the
-    // packed layout) by two bulk copies that complete on the stage's mbarrier. (Every lane's own cp.async before, run 128: the same step
-    // time, 5-19% slower kernels alone, lm_head 93.9 -> 89.0 us.)
+    // scale/bias pairs (contiguous in the packed layout) by two bulk copies that complete on
+    // the stage's mbarrier. (Every lane's own cp.async before, run 128: the same step time,
+    // 5-19% slower kernels alone, lm_head 93.9 -> 89.0 us.)
     const int rbl = warp % RBB; // the row block of the set this warp multiplies
     __shared__ uint64_t sbar[4]; // stage s's copies (S <= 4)
     if (tc) {
