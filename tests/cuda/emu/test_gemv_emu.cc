@@ -144,16 +144,15 @@ static void plain_case(const char *what, std::vector<const qm *> ms, const q8 *q
 // with lanes 16-31 idle (k_moe_split's h and shared-expert staging).
 static void stage_ref(const std::vector<float> &x, int64_t n4, std::vector<uint8_t> &xb, std::vector<float> &xsg) {
     for (int64_t G = 0; G < n4 / 16; G++) {
-        float gs = 0.0f, m = 0.0f;
-        float qs[16];
+        float m = 0.0f, qs[16];
         for (int k = 0; k < 16; k++) {
             const float *v = &x[(size_t)(64 * G + 4 * k)];
             qs[k] = (v[0] + v[1]) + (v[2] + v[3]);
             m = fmaxf(m, fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
         }
         // the xor butterfly's association at the group's first lane
-        gs = (((qs[0] + qs[8]) + (qs[4] + qs[12])) + ((qs[2] + qs[10]) + (qs[6] + qs[14]))) +
-             (((qs[1] + qs[9]) + (qs[5] + qs[13])) + ((qs[3] + qs[11]) + (qs[7] + qs[15])));
+        const float gs = (((qs[0] + qs[8]) + (qs[4] + qs[12])) + ((qs[2] + qs[10]) + (qs[6] + qs[14]))) +
+                         (((qs[1] + qs[9]) + (qs[5] + qs[13])) + ((qs[3] + qs[11]) + (qs[7] + qs[15])));
         const float inv = m > 0.0f ? 127.0f / m : 0.0f;
         for (int64_t c = 64 * G; c < 64 * G + 64; c++) {
             const int64_t cc = c & 63, ks = cc >> 4, w = cc & 15;
