@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
 #pragma unroll
         for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
         if (GEMV_SMARKS) gemv_mark(job.prof, 12); // thread 0's input loads have landed
-        inv = rsqrtf(block_sum(ss, red) / (float)cols + job.eps);
+        inv = rsqrtf(block_sum_first(ss, red) / (float)cols + job.eps); // red's only use
         if (GEMV_SMARKS) gemv_mark(job.prof, 13); // the block's sum of squares
     }
 #pragma unroll

@@ -37,4 +37,13 @@ __device__ __forceinline__ float block_reduce(float v, float *sh) {
     return MAX ? warp_max(v) : warp_sum(v);
 }
 __device__ __forceinline__ float block_sum(float v, float *sh) { return block_reduce<false>(v, sh); }
+// block_sum for the first use of `sh` in a kernel: no earlier reader to wait for, so one
+// barrier instead of two.
+__device__ __forceinline__ float block_sum_first(float v, float *sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    return warp_sum(lane < nw ? sh[lane] : 0.0f);
+}
 __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<true>(v, sh); }
