@@ -525,16 +525,7 @@ __device__ __noinline__ void mk_gdn(const mk_params &P, const dlayer &d, int l, 
         for (int u = 0; u < NC; u++) {
             const int i = tid + u * MK_THREADS;
             if (i >= 2 * dk + CW) continue;
-            float acc = 0.0f;
-#pragma unroll
-            for (int k = 0; k < K; k++) acc += cw[u][k] * win[u][k];
-            const float y = acc / (1.0f + expf(-acc));
-            if (i >= 2 * dk || (j % rep == 0 && cc == 0))
-#pragma unroll
-                for (int k = 0; k < K - 1; k++) wr[k * CD + chs[u]] = win[u][k + 1];
-            if (i < dk) { qs[i] = y; sq += y * y; }
-            else if (i < 2 * dk) { ks[i - dk] = y; sk += y * y; }
-            else vsm[i - 2 * dk] = y;
+            gdn_conv_out<K>(i, dk, win[u], cw[u], i >= 2 * dk || (j % rep == 0 && cc == 0), wr, CD, chs[u], qs, ks, vsm, sq, sk);
         }
         sq = block_sum(sq, red);
         sk = block_sum(sk, red);

@@ -342,6 +342,25 @@ __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float
     }
 }
 
+// The end of one conv channel of a GDN decode step (k_gdn_step, mk_gdn): channel i of the
+// block's q (i < dk), k (i < 2 dk) or v columns, with its window win (the new input last) and weights
+// w: SiLU of their dot into qs / ks / vsm and its square added to sq or sk; with `store`, the window's
+// last K - 1 inputs to the conv state wr (stride CD) at channel ch.
+template <int K>
+__device__ __forceinline__ void gdn_conv_out(int i, int dk, const float (&win)[K], const float (&w)[K], bool store, float *wr,
+                                             int64_t CD, int64_t ch, float *qs, float *ks, float *vsm, float &sq, float &sk) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) acc += w[k] * win[k];
+    const float y = acc / (1.0f + expf(-acc));
+    if (store)
+#pragma unroll
+        for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k + 1];
+    if (i < dk) { qs[i] = y; sq += y * y; }
+    else if (i < 2 * dk) { ks[i - dk] = y; sk += y * y; }
+    else vsm[i - 2 * dk] = y;
+}
+
 // One decode step of the delta rule for state column m: the thread holds keys
 // [g*KPT, (g+1)*KPT) of the column in sv (stored back to S, stride ld); q and k
 // (shared memory) come with their L2 factors qn (1/sqrt(dk) included) and kn; v
@@ -642,19 +661,13 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     float sq = 0.0f, sk = 0.0f;
     for (int i = tid; i < 2 * dk + cw; i += blockDim.x) {
         const int64_t ch = i < dk ? (int64_t)hk * dk + i : i < 2 * dk ? KD + (int64_t)hk * dk + (i - dk) : 2 * KD + (int64_t)j * dv + c0 + (i - 2 * dk);
-        float acc = 0.0f, win[K];
+        float win[K], w[K];
 #pragma unroll
         for (int k = 0; k < K - 1; k++) win[k] = rd[k * CD + ch];
         win[K - 1] = qkv[ch];
 #pragma unroll
-        for (int k = 0; k < K; k++) acc += convw[ch * K + k] * win[k];
-        const float y = acc / (1.0f + expf(-acc));
-        if (i >= 2 * dk || (j % rep == 0 && rank == 0))
-#pragma unroll
-            for (int k = 0; k < K - 1; k++) wr[k * CD + ch] = win[k + 1];
-        if (i < dk) { qs[i] = y; sq += y * y; }
-        else if (i < 2 * dk) { ks[i - dk] = y; sk += y * y; }
-        else vsm[i - 2 * dk] = y;
+        for (int k = 0; k < K; k++) w[k] = convw[ch * K + k];
+        gdn_conv_out<K>(i, dk, win, w, i >= 2 * dk || (j % rep == 0 && rank == 0), wr, CD, ch, qs, ks, vsm, sq, sk);
     }
     sq = block_sum(sq, red);
     sk = block_sum(sk, red);
