@@ -314,10 +314,10 @@ static void launch_step(const geo &G, gpu_bufs &d) {
                                                              G.dv, d.bb.p, d.ba.p, d.A_log.p, d.dt_bias.p, d.ssm.p, d.z.p, \
                                                              d.nw.p, EPS, d.o.p, d.pos.p)
     switch (G.dk) {
-    case 32: STEP(8); break;
-    case 64: STEP(16); break;
-    case 128: STEP(32); break;
-    case 256: STEP(64); break;
+    case 32: STEP(32 / GDN_G); break;
+    case 64: STEP(64 / GDN_G); break;
+    case 128: STEP(128 / GDN_G); break;
+    case 256: STEP(256 / GDN_G); break;
     default: fprintf(stderr, "no k_gdn_step for dk = %d\n", G.dk); exit(2);
     }
 #undef STEP

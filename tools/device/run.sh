@@ -5,11 +5,11 @@
 #
 #   bash tools/device/run.sh [quick|full|checks|bench|profile|hf|matrix|gemv|verify|kbench|probe|ab|gdn|trace]      (default: full)
 #   ab: the default build, one per ';'-separated set of nvcc flags in $AB_FLAGS and one per source tree in
-#       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS
+#       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS (one a word; "A=1,B=1" sets two)
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
 #       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
 #       "test_gdn:--chunk,--quick test_matmul": arguments after ':', ','-separated), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
-#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's kernel tests (AB_BTESTS, default "test_matmul:--quick test_attn"),
+#       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's kernel tests (AB_BTESTS, default "test_matmul:--quick test_attn"; AB_NOFULL=1: not the full-size check),
 #       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
 #       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
@@ -256,7 +256,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             # the tiny oracle too: run 68 left it out, and two int8 pieces failed it (runs 69-70)
             [ -d .devdata/tiny ] && { ./$b/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/$b-test-tiny.log" 2>&1 || rc=1; }
             ./$b/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/$b-test-real-dims.log" 2>&1 || rc=1
-            ./$b/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/$b-test-full-size.log" 2>&1 || rc=1
+            [ -n "${AB_NOFULL:-}" ] || { ./$b/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/$b-test-full-size.log" 2>&1 || rc=1; }
             for f in "$OUT"/$b-test*.log; do echo "$(basename "$f" .log): $(grep -h -E "passed, .* failed" "$f" | tail -n 1)"; done
             grep -h -E "FAIL|CHECK|^  teacher-forced, prompt [0-9]+ +n=" "$OUT"/$b-test*.log | cut -c1-160
         done
@@ -270,7 +270,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         for b in build "${ABS[@]}"; do
             for v in ${AB_ENVS:-X=0}; do
                 echo "$b $v"
-                env $v $b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
+                env ${v//,/ } $b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
                     --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:"
             done
         done

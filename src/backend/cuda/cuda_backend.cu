@@ -1069,10 +1069,10 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
                              c->lin_k_heads, Hv, c->lin_v_dim, s->bb, s->ba, d.A_log, d.dt_bias, s->ssm[(size_t)l],  \
                              s->z, d.gdn_norm, c->rms_eps, s->o, s->d_pos)
         switch (c->lin_k_dim) {
-        case 32: STEP(8); break;
-        case 64: STEP(16); break;
-        case 128: STEP(32); break;
-        default: STEP(64); break;
+        case 32: STEP(32 / GDN_G); break;
+        case 64: STEP(64 / GDN_G); break;
+        case 128: STEP(128 / GDN_G); break;
+        default: STEP(256 / GDN_G); break;
         }
 #undef STEP
         CKL();
@@ -1294,7 +1294,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
                 const int nsg = s->moe_nsg;
                 const unsigned grid = (unsigned)moe_split_grid(K, I, d.sh_down.cols, nsg);
-#define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, 256, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
+#define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, MOE_SPLIT_THREADS, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
                             d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
                             l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr)

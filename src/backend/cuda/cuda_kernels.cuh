@@ -618,7 +618,9 @@ static inline gdn_recur_fn gdn_recur_kernel(int dk, int &rg, int &c, int Hv, int
 // distributed shared memory. Block = cw x G threads: thread (m, g) keeps keys
 // [g*KPT, (g+1)*KPT) of state column m in registers, so the state slice is
 // loaded in one round trip.
-#define GDN_G 4
+#ifndef GDN_G
+#define GDN_G 4 // key groups a state column (threads a column; a build parameter while measured: 4 or 8)
+#endif
 #define GDN_SPLIT 4
 // The one-token kernel's shape for dv: threads per block, 0 when it has none
 // (the layer then runs the prefill chain for its token).

@@ -20,21 +20,25 @@
 #define MOE_KMAX 8 // routed experts a token, at most
 
 // Phase A of the one-token MoE kernels (k_moe_fused, k_moe_split), for the
-// unit (expert e, intermediate dims 32c .. 32c+31) of 256 threads: warp w
-// takes row block w & 3 (gate lo, gate hi, up lo, up hi) and the groups of
-// parity w >> 2 of the H-wide input.
-#define MOE_AG 16 // groups of the gate/up input per warp (H = 2048: 32 groups over 2 warps)
+// unit (expert e, intermediate dims 32c .. 32c+31) of NW warps: warp w takes
+// row block w & 3 (gate lo, gate hi, up lo, up hi) and the groups G with
+// G % (NW/4) == w >> 2 of the H-wide input, MOE_AG * 8 / NW of them.
+#define MOE_AG 16 // groups of the gate/up input per warp at 8 warps (H = 2048: 32 groups over 2 warps)
+template <int NW>
 struct moe_a_regs {
-    uint4 pa[MOE_AG];
-    uint32_t sa[MOE_AG];
+    static constexpr int AG = MOE_AG * 8 / NW, NP = NW / 4; // groups a warp, group parities
+    uint4 pa[AG];
+    uint32_t sa[AG];
 };
-__device__ __forceinline__ void moe_a_load(moe_a_regs &A, const dmat &Wg, const dmat &Wu, int e, int64_t c, int64_t ngu) {
+template <int NW>
+__device__ __forceinline__ void moe_a_load(moe_a_regs<NW> &A, const dmat &Wg, const dmat &Wu, int e, int64_t c, int64_t ngu) {
+    constexpr int AG = moe_a_regs<NW>::AG, NP = moe_a_regs<NW>::NP;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, rbl = warp & 3, gh = warp >> 2;
     const dmat W = dmat_expert(rbl < 2 ? Wg : Wu, e);
     const int64_t rb = c * 2 + (rbl & 1);
 #pragma unroll
-    for (int i = 0; i < MOE_AG; i++) {
-        const int64_t G = gh + 2 * i;
+    for (int i = 0; i < AG; i++) {
+        const int64_t G = gh + NP * i;
         if (G < ngu) {
             A.pa[i] = __ldg(W.pk + (rb * ngu + G) * 32 + lane);
             A.sa[i] = __ldg(W.psb + (rb * ngu + G) * 16 + g + 8 * (t & 1));
@@ -53,13 +57,15 @@ __device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *
 // The unit's products over the staged input: warp w's rows into pw[w * ps + r]
 // (r < 16), then, after a barrier, lane j < 32 of warp 0 (every thread may call
 // it; only tid < 32 get a value) returns silu(gate_j) * up_j. Ends with a barrier.
-__device__ __forceinline__ float moe_a_swiglu(const moe_a_regs &A, const uint4 *xa, int64_t H, float *pw, int ps) {
+template <int NW>
+__device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uint4 *xa, int64_t H, float *pw, int ps) {
+    constexpr int AG = moe_a_regs<NW>::AG, NP = moe_a_regs<NW>::NP;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3, gh = warp >> 2;
     const int64_t ngu = H / 64;
     float acc0 = 0.0f, acc1 = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MOE_AG; i++) {
-        const int64_t G = gh + 2 * i;
+    for (int i = 0; i < AG; i++) {
+        const int64_t G = gh + NP * i;
         if (G < ngu) pk_group(A.pa[i], A.sa[i], xa, ((const float2 *)(xa + H / 4))[G], G, g, t, acc0, acc1);
     }
     if (t == 0) {
@@ -68,9 +74,14 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs &A, const uint4 *
     }
     __syncthreads();
     float h = 0.0f;
-    if (tid < 32) { // gate = row block tid/16 (warps hb and hb + 4 hold its two group parities), up = 2 on
+    if (tid < 32) { // gate = row block tid/16 (warps hb + 4p hold its group parities p), up = 2 on
         const int hb = tid >> 4, r = tid & 15;
-        const float gt = pw[hb * ps + r] + pw[(hb + 4) * ps + r], up = pw[(2 + hb) * ps + r] + pw[(6 + hb) * ps + r];
+        float gt = pw[hb * ps + r], up = pw[(2 + hb) * ps + r];
+#pragma unroll
+        for (int p = 1; p < NP; p++) {
+            gt += pw[(hb + 4 * p) * ps + r];
+            up += pw[(2 + hb + 4 * p) * ps + r];
+        }
         h = gt / (1.0f + expf(-gt)) * up;
     }
     __syncthreads();
@@ -91,7 +102,12 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs &A, const uint4 *
 // into x and leaves acc and the count at zero for the next launch. No unit
 // waits for another: one launch of K*I/32 + SI/(64 NSG) blocks (132 here), in
 // any number of waves. (NaN or |sum| >= 2^31 does not survive the fixed point.)
-#define MOE_FX 4294967296.0 // 2^32
+// k_moe_split's warps: 16 (run 139: 4.5% faster decode than 8 at 4k; 92 registers a thread
+// against 128, so the loads of phase A are spread over twice the warps)
+#ifndef MOE_SPLIT_WARPS
+#define MOE_SPLIT_WARPS 16
+#endif
+#define MOE_SPLIT_THREADS (32 * MOE_SPLIT_WARPS)
 __host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
     const size_t nrb = (size_t)((H + 15) / 16);
     const size_t routed = 16 * (size_t)(H / 4 + (H / 32 + 3) / 4) + nrb * 32 * 8 + nrb * 16 * 4;
@@ -109,12 +125,13 @@ __device__ __forceinline__ void moe_fx_rows(unsigned long long *acc, int64_t rb,
     if (t < 2 && r < H) moe_fx_add(acc + r, t == 0 ? y0 : y1n);
 }
 template <int NSG>
-__global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
+__global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
                                                       int64_t SI, const float *sg, int K, unsigned long long *acc,
                                                       unsigned *count, float *x, unsigned long long *prof) {
     MOE_SMEM(msm);
-    __shared__ float part[8][17];
+    constexpr int NW = MOE_SPLIT_WARPS;
+    __shared__ float part[NW][17];
     __shared__ int ti[MOE_KMAX];
     __shared__ float tw[MOE_KMAX];
     __shared__ uint4 hq[NSG * 16];  // the staged down input: int8 pieces of NSG groups
@@ -139,14 +156,14 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         __syncthreads();
         mark(1);
         const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
-        moe_a_regs A; // gate/up rows of dims 32c .. 32c+31 into registers
+        moe_a_regs<NW> A; // gate/up rows of dims 32c .. 32c+31 into registers
         moe_a_load(A, Wg, Wu, e, c, ngu);
         // the down columns: half `half` of group c/2 of every row block, into shared memory
         uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4));
         uint32_t *dsb = (uint32_t *)(dw + nrb * 32);
         const dmat D = dmat_expert(Wd, e);
         const int64_t ngd = I / 64, Gd = c >> 1;
-        for (int64_t rb = warp; rb < nrb; rb += 8) {
+        for (int64_t rb = warp; rb < nrb; rb += NW) {
             cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
@@ -168,7 +185,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         const float2 hs = make_float2(hsg[0], hsg[1]);
         // unrolled: the row blocks' products are independent chains of MMAs and shuffles
 #pragma unroll 4
-        for (int64_t rb = warp; rb < nrb; rb += 8) {
+        for (int64_t rb = warp; rb < nrb; rb += NW) {
             const uint2 w2 = dw[rb * 32 + lane];
             const uint4 pq = half ? make_uint4(0u, 0u, w2.x, w2.y) : make_uint4(w2.x, w2.y, 0u, 0u);
             const uint32_t psr = t < 2 ? dsb[rb * 16 + g + 8 * t] : 0u;
@@ -180,7 +197,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         const int64_t ngs = SI / 64, G0 = (u - nA) * NSG;
         uint4 *sw = msm;
         uint32_t *ssb = (uint32_t *)(sw + nrb * NSG * 32);
-        for (int64_t rb = warp; rb < nrb; rb += 8)
+        for (int64_t rb = warp; rb < nrb; rb += NW)
 #pragma unroll
             for (int gi = 0; gi < NSG; gi++) {
                 cp_async16(sw + (rb * NSG + gi) * 32 + lane, Ws.pk + (rb * ngs + G0 + gi) * 32 + lane, true);
@@ -206,7 +223,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
         cp_async_wait<0>();
         __syncthreads();
         mark(3);
-        for (int64_t rb = warp; rb < nrb; rb += 8) {
+        for (int64_t rb = warp; rb < nrb; rb += NW) {
             float y0 = 0.0f, y1 = 0.0f;
 #pragma unroll
             for (int gi = 0; gi < NSG; gi++) {
@@ -239,7 +256,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd,
             for (int i = 0; i < 8; i++) {
                 const int64_t h = h0 + (int64_t)i * blockDim.x;
                 if (h < H) {
-                    x[h] = xv[i] + (float)((double)(long long)v[i] * (1.0 / MOE_FX));
+                    x[h] = xv[i] + fx_val(v[i]);
                     acc[h] = 0ull;
                 }
             }

@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd,
     if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
     __syncthreads();
     mark(1);
-    moe_a_regs A;
+    moe_a_regs<8> A;
     if (blockIdx.x < nA) moe_a_load(A, Wg, Wu, ti[blockIdx.x / upk], blockIdx.x % upk, ngu);
     if (rb0 < nrb)
 #pragma unroll

@@ -89,15 +89,17 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
     }
     if (!in) return;
     const float inv = m > 0.0f ? 127.0f / m : 0.0f; // m = inf: pieces 0, σ inf; NaN x: Σx carries it
-    int8_t *xb = (int8_t *)xq;
+    // 32-bit byte offsets from the group's base: 48 fewer instructions than 64-bit ones from xq (run 139)
+    int8_t *xb = (int8_t *)xq + (q >> 4) * 256; // group G = q / 16: 16 uint4 (4 piece planes of 64 bytes)
+    const int ql = (int)q & 15;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        const int64_t col = 4 * q + e, G = col >> 6, cc = col & 63, ks = cc >> 4, w = cc & 15;
-        const int64_t at = ((G * 4) * 4 + ((w & 7) >> 1)) * 16 + ks * 4 + (w & 1) * 2 + (w >> 3); // piece 0
+        const int cc = 4 * ql + e, ks = cc >> 4, w = cc & 15;
+        const int at = ((w & 7) >> 1) * 16 + ks * 4 + (w & 1) * 2 + (w >> 3); // piece 0
         float a, b, c;
         i8_pieces(v[e] * inv, a, b, c);
         xb[at] = (int8_t)a;
-        xb[at + 64] = (int8_t)b;   // piece 1: n + 1 is 4 uint4 = 64 bytes on
+        xb[at + 64] = (int8_t)b; // piece 1: n + 1 is 4 uint4 = 64 bytes on
         xb[at + 128] = (int8_t)c;
     }
     if ((q & 15) == 0) {

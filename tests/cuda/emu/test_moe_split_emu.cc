@@ -92,8 +92,8 @@ static void run_case(int64_t H, int64_t I, int K, int E, int norm, bool tie) {
     void *args[] = {(void *)&Wg, (void *)&Wu, (void *)&Wd, (void *)&Ws, &xn_p, &Hv, &lg_p, &Ev, &nv, &sh_p, &Iv, &SIv, &sg_p, &Kv,
                     &acc_p, &cnt_p, &x_p, &prof};
     for (int rep = 0; rep < 2; rep++) {
-        if (nsg == 2) cudaLaunchKernel(k_moe_split<2>, dim3(grid), dim3(256), args, moe_split_smem(H, 2));
-        else cudaLaunchKernel(k_moe_split<1>, dim3(grid), dim3(256), args, moe_split_smem(H, 1));
+        if (nsg == 2) cudaLaunchKernel(k_moe_split<2>, dim3(grid), dim3(MOE_SPLIT_THREADS), args, moe_split_smem(H, 2));
+        else cudaLaunchKernel(k_moe_split<1>, dim3(grid), dim3(MOE_SPLIT_THREADS), args, moe_split_smem(H, 1));
     }
     double md = 0.0, mr = 0.0;
     for (int64_t r = 0; r < H; r++) {
