@@ -198,43 +198,11 @@ __global__ void __launch_bounds__(adec::NT, 1)
     auto mark = [&](int i) { if (prof && tid == 0) prof[i * nb + bi] = gtimer(); };
     mark(0);
     pdl_trigger_early();
-#ifndef ADEC_EARLY
     pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
-#endif
-    // (*d_pos and the cached rows [0, p) were written by earlier passes: every pass starts with
-    // k_embed, which ends before anything after it starts)
     const adec_range R = adec_range_of(d_pos, s, S);
     const int64_t p = R.p, j0 = R.j0, j1 = R.j1, kvw = (int64_t)nkv * HD; // cached keys [j0, j1)
     const bool last = R.last;
     const int ntile = (int)((j1 - j0 + TK - 1) / TK);
-    // Tile it into buffer b: K and V rows j0 + it TK .., rows past j1 zero-filled (their scores are
-    // masked, and a zero V row keeps P V finite).
-    auto load = [&](int it, int b) {
-        const int64_t t0 = j0 + (int64_t)it * TK;
-        const uint32_t dk = s_kv + (uint32_t)(2 * b * Ly::TILE), dv = dk + Ly::TILE;
-        for (int i = tid; i < TK * CPR; i += NT) {
-            const int r = i / CPR, c = i % CPR;
-            const bool ok = t0 + r < j1;
-            const int64_t src = ok ? (t0 + r) * kvw + (int64_t)kh * HD + 8 * c : 0;
-            const uint32_t o = (uint32_t)(r * Ly::ROW) + swz(r, c);
-            cp_async16_s(dk + o, kc + src, ok);
-            cp_async16_s(dv + o, vc + src, ok);
-        }
-        cp_async_commit();
-    };
-    // The first two tiles: always ST - 1 commit groups here and one per tile below (issued after
-    // the tile's barrier), so that the wait for tile it is "all but the newest ST - 2 groups"
-    static_assert(ST == 3, "the prologue issues two tiles");
-    auto first_tiles = [&]() {
-        if (ntile > 0) load(0, 0);
-        else cp_async_commit();
-        if (ntile > 1) load(1, 1);
-        else cp_async_commit();
-    };
-#ifdef ADEC_EARLY // (a build parameter while measured) the first tiles before the wait: they do not depend on it
-    first_tiles();
-    pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
-#endif
     // This token's q (heads warp and warp + NW), and in the last split its k (warp 0) and v, with
     // their gains and RoPE frequencies, loaded before the tiles' copies (behind them they would
     // wait for every block's DRAM traffic: docs/perf.md, run 58).
@@ -259,9 +227,28 @@ __global__ void __launch_bounds__(adec::NT, 1)
         const int i = tid + u * NT;
         vr[u] = last && i < HD ? vx[(int64_t)kh * HD + i] : 0.0f;
     }
-#ifndef ADEC_EARLY
-    first_tiles();
-#endif
+    // Tile it into buffer b: K and V rows j0 + it TK .., rows past j1 zero-filled (their scores are
+    // masked, and a zero V row keeps P V finite).
+    auto load = [&](int it, int b) {
+        const int64_t t0 = j0 + (int64_t)it * TK;
+        const uint32_t dk = s_kv + (uint32_t)(2 * b * Ly::TILE), dv = dk + Ly::TILE;
+        for (int i = tid; i < TK * CPR; i += NT) {
+            const int r = i / CPR, c = i % CPR;
+            const bool ok = t0 + r < j1;
+            const int64_t src = ok ? (t0 + r) * kvw + (int64_t)kh * HD + 8 * c : 0;
+            const uint32_t o = (uint32_t)(r * Ly::ROW) + swz(r, c);
+            cp_async16_s(dk + o, kc + src, ok);
+            cp_async16_s(dv + o, vc + src, ok);
+        }
+        cp_async_commit();
+    };
+    // always ST - 1 commit groups here and one per tile below (issued after the tile's barrier), so
+    // that the wait for tile it is "all but the newest ST - 2 groups"
+    static_assert(ST == 3, "the prologue issues two tiles");
+    if (ntile > 0) load(0, 0);
+    else cp_async_commit();
+    if (ntile > 1) load(1, 1);
+    else cp_async_commit();
 #pragma unroll
     for (int u = 0; u < 2; u++) {
         const int h = warp + NW * u;
