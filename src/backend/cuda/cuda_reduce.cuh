@@ -47,8 +47,3 @@ __device__ __forceinline__ float block_sum_first(float v, float *sh) {
     return warp_sum(lane < nw ? sh[lane] : 0.0f);
 }
 __device__ __forceinline__ float block_max(float v, float *sh) { return block_reduce<true>(v, sh); }
-
-// The decode MoE's sums (k_moe_split) are 64-bit fixed point, 2^-32: integer additions, exact in
-// any order. fx_val is a sum's f32 value, rounded once (the same expression wherever a sum is folded).
-#define MOE_FX 4294967296.0 // 2^32
-__device__ __forceinline__ float fx_val(unsigned long long v) { return (float)((double)(long long)v * (1.0 / MOE_FX)); }
