@@ -63,6 +63,19 @@ __device__ __forceinline__ void moe_a_fill(moe_a_regs<NW> &A, const uint4 *gu, i
         }
     }
 }
+// The down columns of unit c (half c & 1 of group c/2 of every row block of expert e's Wd) into
+// shared memory by cp.async (committed): warps w0, w0 + nw, ... each take every nw-th row block.
+__device__ __forceinline__ void moe_down_issue(const dmat &Wd, int e, int64_t I, int c, int64_t nrb, uint2 *dw,
+                                               uint32_t *dsb, int w0, int nw) {
+    const int lane = threadIdx.x & 31, half = c & 1;
+    const dmat D = dmat_expert(Wd, e);
+    const int64_t ngd = I / 64, Gd = c >> 1;
+    for (int64_t rb = w0; rb < nrb; rb += nw) {
+        cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
+        if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
+    }
+    cp_async_commit();
+}
 // xn (H columns) staged into xa as pk_group reads it, by threads t = 0 .. nt-1
 // of the block (whole warps per round: nt a multiple of 32).
 __device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *xa, int t, int nt) {
@@ -127,12 +140,13 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
 #define MOE_SPLIT_WARPS 16
 #endif
 #define MOE_SPLIT_THREADS (32 * MOE_SPLIT_WARPS)
-// MOE_BULK (default 1): a routed unit's gate/up rows (two row blocks of each, 72 KB at H = 2048: codes and
+// MOE_BULK (default 2): a routed unit's gate/up rows (two row blocks of each, 72 KB at H = 2048: codes and
 // scale/bias pairs, contiguous in the packed layout) arrive by four bulk copies that thread 0 issues as soon
 // as its warp has the top-k, instead of every lane's register loads after the block's barrier (those queued
-// in the load pipeline: run 143 saw them issued 4.1 us after the top-k). 0: the register loads.
+// in the load pipeline: run 143 saw them issued 4.1 us after the top-k). 2: the down columns' cp.async too
+// are issued by the top-k's warp before the barrier, not by every warp after it. 0: the register loads.
 #ifndef MOE_BULK
-#define MOE_BULK 1
+#define MOE_BULK 2
 #endif
 // Bytes of one bulk-copied matrix (gate or up) of a routed unit: 2 row blocks' codes, then their scale/bias pairs.
 __host__ __device__ inline size_t moe_gu_bytes(int64_t H) { return (size_t)(H / 64) * 2 * (512 + 64); }
@@ -205,20 +219,14 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
                     bulk_g2s(d + cb / 16, W.psb + (int64_t)c * 2 * ngu * 16, (unsigned)(ub - cb), &gubar[m]);
                 }
             }
+            if (MOE_BULK == 2) moe_down_issue(Wd, ti[k], I, c, nrb, dw, dsb, 0, 1);
         } else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
         __syncthreads();
         mark(1);
         const int e = ti[k];
         moe_a_regs<NW> A; // gate/up rows of dims 32c .. 32c+31 into registers
         if (!MOE_BULK) moe_a_load(A, Wg, Wu, e, c, ngu);
-        // the down columns: half `half` of group c/2 of every row block, into shared memory
-        const dmat D = dmat_expert(Wd, e);
-        const int64_t ngd = I / 64, Gd = c >> 1;
-        for (int64_t rb = warp; rb < nrb; rb += NW) {
-            cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
-            if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
-        }
-        cp_async_commit();
+        if (MOE_BULK != 2) moe_down_issue(Wd, e, I, c, nrb, dw, dsb, warp, NW);
         mark(2);
         if (MOE_BULK) {
             mbar_wait(&gubar[(warp & 3) >> 1], 0); // warps 4j, 4j+1 multiply gate rows, 4j+2, 4j+3 up rows
