@@ -45,37 +45,6 @@ __device__ __forceinline__ void moe_a_load(moe_a_regs<NW> &A, const dmat &Wg, co
         }
     }
 }
-// moe_a_load's registers from the unit's bulk-copied rows (k_moe_split with MOE_BULK): gu holds gate then
-// up, each moe_gu_bytes(H): row blocks 2c and 2c+1's codes (ngu * 32 uint4 each), then their scale/bias words.
-template <int NW>
-__device__ __forceinline__ void moe_a_fill(moe_a_regs<NW> &A, const uint4 *gu, int64_t ngu) {
-    constexpr int AG = moe_a_regs<NW>::AG, NP = moe_a_regs<NW>::NP;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3, rbl = warp & 3, gh = warp >> 2;
-    const uint4 *m = gu + (rbl >> 1) * (ngu * 2 * 36); // 36 uint4 a group and row block: 32 of codes, 4 of pairs
-    const uint32_t *sb = (const uint32_t *)(m + ngu * 2 * 32) + (rbl & 1) * ngu * 16;
-    m += (rbl & 1) * ngu * 32;
-#pragma unroll
-    for (int i = 0; i < AG; i++) {
-        const int64_t G = gh + NP * i;
-        if (G < ngu) {
-            A.pa[i] = m[G * 32 + lane];
-            A.sa[i] = sb[G * 16 + g + 8 * (t & 1)];
-        }
-    }
-}
-// The down columns of unit c (half c & 1 of group c/2 of every row block of expert e's Wd) into
-// shared memory by cp.async (committed): warps w0, w0 + nw, ... each take every nw-th row block.
-__device__ __forceinline__ void moe_down_issue(const dmat &Wd, int e, int64_t I, int c, int64_t nrb, uint2 *dw,
-                                               uint32_t *dsb, int w0, int nw) {
-    const int lane = threadIdx.x & 31, half = c & 1;
-    const dmat D = dmat_expert(Wd, e);
-    const int64_t ngd = I / 64, Gd = c >> 1;
-    for (int64_t rb = w0; rb < nrb; rb += nw) {
-        cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
-        if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
-    }
-    cp_async_commit();
-}
 // xn (H columns) staged into xa as pk_group reads it, by threads t = 0 .. nt-1
 // of the block (whole warps per round: nt a multiple of 32).
 __device__ __forceinline__ void moe_stage_xn(const float *xn, int64_t H, uint4 *xa, int t, int nt) {
@@ -140,19 +109,9 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
 #define MOE_SPLIT_WARPS 16
 #endif
 #define MOE_SPLIT_THREADS (32 * MOE_SPLIT_WARPS)
-// MOE_BULK (default 2): a routed unit's gate/up rows (two row blocks of each, 72 KB at H = 2048: codes and
-// scale/bias pairs, contiguous in the packed layout) arrive by four bulk copies that thread 0 issues as soon
-// as its warp has the top-k, instead of every lane's register loads after the block's barrier (those queued
-// in the load pipeline: run 143 saw them issued 4.1 us after the top-k). 2: the down columns' cp.async too
-// are issued by the top-k's warp before the barrier, not by every warp after it. 0: the register loads.
-#ifndef MOE_BULK
-#define MOE_BULK 2
-#endif
-// Bytes of one bulk-copied matrix (gate or up) of a routed unit: 2 row blocks' codes, then their scale/bias pairs.
-__host__ __device__ inline size_t moe_gu_bytes(int64_t H) { return (size_t)(H / 64) * 2 * (512 + 64); }
 __host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
     const size_t nrb = (size_t)((H + 15) / 16);
-    const size_t routed = 16 * (size_t)(H / 4 + (H / 32 + 3) / 4) + nrb * 32 * 8 + nrb * 16 * 4 + (MOE_BULK ? 2 * moe_gu_bytes(H) : 0);
+    const size_t routed = 16 * (size_t)(H / 4 + (H / 32 + 3) / 4) + nrb * 32 * 8 + nrb * 16 * 4;
     const size_t shared = nrb * (size_t)NSG * (32 * 16 + 16 * 4);
     return routed > shared ? routed : shared;
 }
@@ -164,11 +123,7 @@ __device__ __forceinline__ void moe_fx_add(unsigned long long *a, float v) {
 __device__ __forceinline__ void moe_fx_rows(unsigned long long *acc, int64_t rb, int g, int t, float y0, float y1, int64_t H) {
     const float y1n = __shfl_up_sync(0xffffffffu, y1, 1);
     const int64_t r = rb * 16 + g + 8 * t;
-#ifdef MOE_NOATOMIC // timing only (wrong results): what the units' 64-bit additions cost in the step
-    if (t < 2 && r < H && (t == 0 ? y0 : y1n) == 1234.5f) moe_fx_add(acc + r, 0.0f);
-#else
     if (t < 2 && r < H) moe_fx_add(acc + r, t == 0 ? y0 : y1n);
-#endif
 }
 template <int NSG>
 __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
@@ -184,7 +139,6 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
     __shared__ float2 hsg2[NSG];     // {Σ, σ} per group
     float *const hsg = reinterpret_cast<float *>(hsg2);
     __shared__ int last;
-    __shared__ uint64_t gubar[2]; // MOE_BULK: the gate and the up copies
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int64_t ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk, u = blockIdx.x;
     // prof (test_matmul's timing, and LILAC_MOE_PROF's one layer): global time at 7 points,
@@ -193,45 +147,29 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
     mark(0);
     pdl_trigger();
     if (u < nA) {
-        const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1;
-        uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4)); // the down columns
-        uint32_t *dsb = (uint32_t *)(dw + nrb * 32);
-        uint4 *gu = (uint4 *)(dsb + nrb * 16); // MOE_BULK: the gate/up rows
-        if (MOE_BULK && tid == 0) {
-            mbar_init(&gubar[0], 1);
-            mbar_init(&gubar[1], 1);
-            mbar_fence_init();
-        }
         pdl_wait(); // the router's logits and xn come from the previous kernel
         mark(6);
         // warp 0 makes the top-k while the others stage xn: its loads then do not queue behind the
         // weights' below (run 124: staged 4.9 us after the top-k when it came after them)
         uint4 *xa = msm;
-        if (tid < 32) {
-            topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
-            if (MOE_BULK && tid == 0) { // lane 0 wrote ti: the gate/up copies leave before the block's barrier
-                const int64_t ub = (int64_t)moe_gu_bytes(H), cb = ngu * 2 * 512;
-                for (int m = 0; m < 2; m++) {
-                    const dmat W = dmat_expert(m ? Wu : Wg, ti[k]);
-                    uint4 *d = gu + m * (ub / 16);
-                    mbar_expect(&gubar[m], (unsigned)ub);
-                    bulk_g2s(d, W.pk + (int64_t)c * 2 * ngu * 32, (unsigned)cb, &gubar[m]);
-                    bulk_g2s(d + cb / 16, W.psb + (int64_t)c * 2 * ngu * 16, (unsigned)(ub - cb), &gubar[m]);
-                }
-            }
-            if (MOE_BULK == 2) moe_down_issue(Wd, ti[k], I, c, nrb, dw, dsb, 0, 1);
-        } else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
+        if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
+        else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
         __syncthreads();
         mark(1);
-        const int e = ti[k];
+        const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
         moe_a_regs<NW> A; // gate/up rows of dims 32c .. 32c+31 into registers
-        if (!MOE_BULK) moe_a_load(A, Wg, Wu, e, c, ngu);
-        if (MOE_BULK != 2) moe_down_issue(Wd, e, I, c, nrb, dw, dsb, warp, NW);
-        mark(2);
-        if (MOE_BULK) {
-            mbar_wait(&gubar[(warp & 3) >> 1], 0); // warps 4j, 4j+1 multiply gate rows, 4j+2, 4j+3 up rows
-            moe_a_fill(A, gu, ngu);
+        moe_a_load(A, Wg, Wu, e, c, ngu);
+        // the down columns: half `half` of group c/2 of every row block, into shared memory
+        uint2 *dw = (uint2 *)(msm + (H / 4 + (H / 32 + 3) / 4));
+        uint32_t *dsb = (uint32_t *)(dw + nrb * 32);
+        const dmat D = dmat_expert(Wd, e);
+        const int64_t ngd = I / 64, Gd = c >> 1;
+        for (int64_t rb = warp; rb < nrb; rb += NW) {
+            cp_async8(dw + rb * 32 + lane, (const uint2 *)(D.pk + (rb * ngd + Gd) * 32 + lane) + half);
+            if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
+        cp_async_commit();
+        mark(2);
         const float hsw = moe_a_swiglu(A, xa, H, &part[0][0], 17);
         if (warp == 0) { // lane j: dim 32c + j (gate = row block j/16, warps j/16 and +4; up two on)
             const float hv = (int64_t)c * 32 + lane < I ? tw[k] * hsw : 0.0f;
