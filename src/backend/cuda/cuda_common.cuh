@@ -161,6 +161,10 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Asks the L2 to fetch [a, a + n) from DRAM (a and n multiples of 16); nothing waits for it.
+__device__ __forceinline__ void l2_prefetch(uintptr_t a, uint32_t n) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+}
 // The global timer (ns): in-kernel timestamps of the profiling hooks.
 __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;
