@@ -143,7 +143,7 @@ if [ "$MODE" = trace ]; then  # a decode step's kernels as the GPU ran them (CUP
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null || exit 1
     for L in ${TRACE_LENS:-4096 32768}; do
         echo "=== decode after $L tokens: untraced, then traced"
-        env ${TRACE_ENV:-} ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:"
+        env ${TRACE_ENV:-} ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:|moe prefetch"
         env ${TRACE_ENV:-} CUDA_INJECTION64_PATH=$PWD/build/kernel_trace.so KTRACE_OUT=$LOGS/ktrace-$L.tsv \
             ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |kernel_trace|k_moe_split|units:"
         python3 tools/device/step_trace.py --layers ${TRACE_LAYERS:-2} < "$LOGS/ktrace-$L.tsv" | tee "$OUT/trace-$L.txt"
@@ -271,7 +271,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             for v in ${AB_ENVS:-X=0}; do
                 echo "$b $v"
                 env ${v//,/ } $b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
-                    --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:"
+                    --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:|moe prefetch"
             done
         done
     done | tee "$OUT/bench.log"
