@@ -394,6 +394,7 @@ struct lilac_session {
     float *xsnap;   // [n_layers][H]: x before layer l's mixer, written by layer l-1's k_moe_split
     float *pred_lp; // the predicted logits (E)
     unsigned *pred_count;
+    int *pred_ids;  // the predicted top-k (k_moe_predict -> k_moe_fetch)
     int *pred_stat; // LILAC_MOE_PRED_STATS=1: per layer [K ids][hits][routed] (moe_pred_args::stat), printed at the end
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
@@ -901,6 +902,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                                   cudaEventCreateWithFlags(&s->ev_pj, cudaEventDisableTiming) == cudaSuccess;
                     ok = ok && s->moe_pred && dalloc(s, &s->xsnap, (size_t)(c->n_layers * H), err) == 0 &&
                          dalloc(s, &s->pred_lp, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->pred_count, 1, err) == 0 &&
+                         dalloc(s, &s->pred_ids, (size_t)MOE_KMAX, err) == 0 &&
                          (!getenv("LILAC_MOE_PRED_STATS") ||
                           dalloc(s, &s->pred_stat, (size_t)c->n_layers * (size_t)(K + 2), err) == 0);
                 }
@@ -1130,13 +1132,14 @@ static int moe_predict(lilac_session *s, const dlayer &d, int l, const float *o,
     if (!s->moe_pred || l == 0 || !C.w || (s->ablate & (ABL_MOE | ABL_ROUTER | ABL_OUTPROJ))) return 0;
     moe_pred_args a = {};
     a.Wr = d.router, a.C = C, a.g = d.post_norm, a.x = s->xsnap + (int64_t)l * c->hidden, a.o = o;
-    a.lp = s->pred_lp, a.count = s->pred_count, a.K = c->top_k;
+    a.lp = s->pred_lp, a.count = s->pred_count, a.K = c->top_k, a.ids = s->pred_ids;
     a.Wg = d.exp_gate, a.Wu = d.exp_up, a.Wd = d.exp_down;
     a.stat = s->pred_stat ? s->pred_stat + (size_t)l * (size_t)(c->top_k + 2) : nullptr;
     CK(cudaEventRecord(s->ev_pf, s->st));
     CK(cudaStreamWaitEvent(s->pst, s->ev_pf, 0));
     CK(launch_ex(s->pst, false, k_moe_predict, dim3((unsigned)((C.rows + MOE_PRED_ROWS - 1) / MOE_PRED_ROWS)), dim3(256),
                  moe_pred_smem(c->hidden, C.cols), a));
+    CK(launch_ex(s->pst, true, k_moe_fetch, dim3(MOE_FETCH_BLOCKS), dim3(32), 0, a));
     s->pred_forked = true;
     return 0;
 }

@@ -11,8 +11,8 @@
 //   l = Wr diag(g) x + C o,   C = Wr diag(g) Wo  (E x O, made once at load)
 // orders the experts as the router will, from x and o alone: available when the mixer
 // ends, one out_proj and one router GEMV before k_moe_split. The predictor computes l on
-// a second stream, picks the top-k and asks the L2 for those experts' packed rows; the
-// MoE kernel then finds them there. It is a hint only: k_moe_split still takes the
+// a second stream, picks the top-k, and k_moe_fetch asks the L2 for those experts' packed
+// rows; the MoE kernel then finds them there. It is a hint only: k_moe_split still takes the
 // router's own top-k, so a wrong or late prediction costs time, never a different token.
 // (C is kept in bf16, so near-ties may be ordered differently: a miss, nothing more.)
 #pragma once
@@ -77,6 +77,7 @@ struct moe_pred_args {
     float *lp;            // E predicted logits (times the RMS: only their order counts)
     unsigned *count;      // arrival count, zero between launches (the last block leaves it so)
     int K;
+    int *ids;             // the predicted top-k (K), from k_moe_predict to k_moe_fetch
     dmat Wg, Wu, Wd;      // the routed experts (packed): the predicted ones go to the L2
     int *stat;            // null, or [K ids][hits][routed]: k_moe_split counts how many of its
                           // experts were predicted (LILAC_MOE_PRED_STATS)
@@ -85,27 +86,13 @@ struct moe_pred_args {
 #define MOE_PRED_PIECE 16384u // bytes an L2 prefetch asks for
 __host__ __device__ inline size_t moe_pred_smem(int64_t H, int64_t O) { return gemv_smem(H) + gemv_smem(O); }
 
-// The predicted top-k's packed weights into the L2: warp w takes ranges w, w + 8, ...
-// (each expert's gate, up and down codes and scale/bias pairs), lanes 16 KB pieces of them.
-__device__ __forceinline__ void moe_pred_fetch(const moe_pred_args &a, const int *ti) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int i = warp; i < a.K * 6; i += nw) {
-        const int k = i / 6, m = (i % 6) >> 1;
-        const dmat W = dmat_expert(m == 0 ? a.Wg : m == 1 ? a.Wu : a.Wd, ti[k]);
-        const int64_t blocks = W.pk_rb * (W.cols / 64);
-        const uintptr_t p = i & 1 ? (uintptr_t)W.psb : (uintptr_t)W.pk;
-        const uint64_t n = (uint64_t)blocks * (i & 1 ? 64u : 512u);
-        for (uint64_t off = (uint64_t)lane * MOE_PRED_PIECE; off < n; off += 32ull * MOE_PRED_PIECE)
-            l2_prefetch(p + off, (uint32_t)(n - off < MOE_PRED_PIECE ? n - off : MOE_PRED_PIECE));
-    }
-}
-
 // E / MOE_PRED_ROWS blocks of 256 threads, moe_pred_smem(H, O) bytes: every block stages
 // g ⊙ x and o (row_dot's layout), its warps make one logit each (the router's row against
-// g ⊙ x plus C's against o), and the last block to arrive takes the top-k of all E and
-// asks the L2 for those experts. E <= 256, K <= MOE_KMAX.
+// g ⊙ x plus C's against o), and the last block to arrive takes the top-k of all E into
+// a.ids, for k_moe_fetch. E <= 256, K <= MOE_KMAX.
 __global__ void __launch_bounds__(256) k_moe_predict(moe_pred_args a) {
     GEMV_SMEM(xs);
+    pdl_trigger(); // k_moe_fetch's blocks may take their places
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t H = a.Wr.cols, O = a.C.cols, E = a.Wr.rows;
     float *const xo = xs + gemv_smem(H) / sizeof(float);
@@ -134,6 +121,29 @@ __global__ void __launch_bounds__(256) k_moe_predict(moe_pred_args a) {
     if (tid < 32) topk_warp<8>(a.lp, (int)E, a.K, 0, ti, tw, nullptr, 0);
     __syncthreads();
     if (tid == 0) *a.count = 0u;
+    if (tid < a.K) a.ids[tid] = ti[tid];
     if (a.stat && tid < a.K) a.stat[tid] = ti[tid];
-    moe_pred_fetch(a, ti);
+}
+
+// The predicted experts' packed weights into the L2 (each expert's gate, up and down codes and
+// scale/bias pairs: 6 K ranges), one 16 KB piece a thread over MOE_FETCH_BLOCKS blocks of 32:
+// a SM asks the L2 for ~250 GB/s of prefetches at most (run 146: the last predictor block
+// asking for all 13.8 MB alone took ~80 us), so the pieces are spread over many SMs.
+#define MOE_FETCH_BLOCKS 96
+__global__ void __launch_bounds__(32) k_moe_fetch(moe_pred_args a) {
+    pdl_wait(); // the ids come from k_moe_predict
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nt = (int64_t)gridDim.x * blockDim.x;
+    for (int r = 0; r < 6 * a.K; r++) {
+        const int k = r / 6, m = (r % 6) >> 1;
+        const dmat W = dmat_expert(m == 0 ? a.Wg : m == 1 ? a.Wu : a.Wd, __ldcg(a.ids + k));
+        const uintptr_t p = r & 1 ? (uintptr_t)W.psb : (uintptr_t)W.pk;
+        const uint64_t n = (uint64_t)(W.pk_rb * (W.cols / 64)) * (r & 1 ? 64u : 512u);
+        const int64_t pieces = (int64_t)((n + MOE_PRED_PIECE - 1) / MOE_PRED_PIECE);
+        for (; i < pieces; i += nt) {
+            const uint64_t off = (uint64_t)i * MOE_PRED_PIECE;
+            l2_prefetch(p + off, (uint32_t)(n - off < MOE_PRED_PIECE ? n - off : MOE_PRED_PIECE));
+        }
+        i -= pieces; // this thread's next piece, counted from the next range
+    }
 }

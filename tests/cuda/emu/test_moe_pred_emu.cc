@@ -124,12 +124,14 @@ static void run_case(int64_t E, int64_t H, int64_t O, int K, int rbits, int obit
         }
         moe_pred_args a = {};
         a.Wr = Wr.view(), a.C = Cv, a.g = g.data(), a.x = x.data(), a.o = o.data(), a.lp = lp.data(), a.count = &count;
-        a.K = K, a.Wg = gt.view(), a.Wu = up.view(), a.Wd = dn.view(), a.stat = stat.data();
+        int pids[MOE_KMAX] = {-1, -1, -1, -1, -1, -1, -1, -1};
+        a.K = K, a.ids = pids, a.Wg = gt.view(), a.Wu = up.view(), a.Wd = dn.view(), a.stat = stat.data();
         std::vector<std::pair<uintptr_t, uint32_t>> pf;
         cuemu_prefetched = &pf;
         void *args[] = {&a};
         cudaLaunchKernel(k_moe_predict, dim3((unsigned)((E + MOE_PRED_ROWS - 1) / MOE_PRED_ROWS)), dim3(256), args,
                          moe_pred_smem(H, O));
+        cudaLaunchKernel(k_moe_fetch, dim3(MOE_FETCH_BLOCKS), dim3(32), args, 0);
         cuemu_prefetched = nullptr;
         double lerr = 0.0;
         for (int64_t e = 0; e < E; e++) lerr = std::max(lerr, fabs((double)lp[(size_t)e] - ref[(size_t)e]));
@@ -141,6 +143,7 @@ static void run_case(int64_t E, int64_t H, int64_t O, int K, int rbits, int obit
         std::stable_sort(ids.begin(), ids.end(), [&](int p, int q) { return ref[(size_t)p] > ref[(size_t)q]; });
         bool ids_ok = true;
         for (int k = 0; k < K; k++) {
+            ids_ok = ids_ok && pids[k] == stat[(size_t)k];
             const int got = stat[(size_t)k];
             const int64_t at = std::find(ids.begin(), ids.end(), got) - ids.begin();
             if (at >= E || (at >= K && ref[(size_t)ids[(size_t)K - 1]] - ref[(size_t)got] > 2 * lerr)) ids_ok = false;
