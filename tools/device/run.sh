@@ -121,7 +121,9 @@ model_checks() {
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1
           LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gdnchunk.log" 2>&1 || rc=1
-          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1; }
+          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1
+          # the opt-in expert prefetch (cuda_moe_pred.cuh): a hint, so the same checks must pass with it
+          LILAC_MOE_PREDICT=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-moepred.log" 2>&1 || rc=1; }
 }
 # A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
 # its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).

@@ -95,7 +95,7 @@ struct dmodel {
     float *inv_freq; // RoPE frequencies [rotary_dim / 2], as the CPU reference computes them
     std::vector<dlayer> layers;
     // per layer, C = router diag(post_norm) out_proj (bf16, E x O) for k_moe_predict (cuda_moe_pred.cuh);
-    // an empty matrix (w null) where the layer has none (LILAC_MOE_PREDICT=0, or formats it cannot read)
+    // an empty matrix (w null) where the layer has none (without LILAC_MOE_PREDICT=1, or formats it cannot read)
     std::vector<dmat> pred_c;
 };
 
@@ -277,7 +277,8 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
     D->layers.resize((size_t)c->n_layers);
     D->pred_c.assign((size_t)c->n_layers, dmat{});
     const char *e_pred = getenv("LILAC_MOE_PREDICT");
-    const bool pred = !(e_pred && !strcmp(e_pred, "0")) && c->n_experts <= 256 && c->top_k <= MOE_KMAX;
+    // opt-in until measured faster (docs/perf.md, session 29: run 146 lost 42% with the prefetch from one block)
+    const bool pred = e_pred && strcmp(e_pred, "0") && c->n_experts <= 256 && c->top_k <= MOE_KMAX;
     for (int l = 0; l < c->n_layers; l++) {
         const lilac_layer *h = &m->layers[l];
         dlayer *d = &D->layers[(size_t)l];
@@ -387,7 +388,7 @@ struct lilac_session {
     int moe_prof_layer, moe_prof_grid, moe_prof_nA;
     // The routed experts' prefetch (cuda_moe_pred.cuh): k_moe_predict on pst, forked from st when a
     // layer's mixer ends (ev_pf) and joined once the pass is queued (ev_pj, pred_join). On where
-    // k_moe_split serves and the model has C (D->pred_c); LILAC_MOE_PREDICT=0: off.
+    // k_moe_split serves and the model has C (D->pred_c, made only with LILAC_MOE_PREDICT=1: opt-in).
     bool moe_pred, pred_forked;
     cudaStream_t pst;
     cudaEvent_t ev_pf, ev_pj;

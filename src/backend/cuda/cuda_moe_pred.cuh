@@ -14,6 +14,7 @@
 // a second stream, picks the top-k, and k_moe_fetch asks the L2 for those experts' packed
 // rows; the MoE kernel then finds them there. It is a hint only: k_moe_split still takes the
 // router's own top-k, so a wrong or late prediction costs time, never a different token.
+// Opt-in (LILAC_MOE_PREDICT=1) until a device run shows it faster: docs/perf.md, session 29.
 // (C is kept in bf16, so near-ties may be ordered differently: a miss, nothing more.)
 #pragma once
 #include "cuda_gemv.cuh"    // row_dot and its staged-input layout (xs_idx, gemv_smem); topk_warp
