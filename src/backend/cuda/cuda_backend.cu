@@ -395,7 +395,7 @@ struct lilac_session {
     float *xsnap;   // [n_layers][H]: x before layer l's mixer, written by layer l-1's k_moe_split
     float *pred_lp; // the predicted logits (E)
     unsigned *pred_count;
-    bool pred_nofetch;
+    bool pred_nofetch, pred_bulk;
     int *pred_ids;  // the predicted top-k (k_moe_predict -> k_moe_fetch)
     int *pred_stat; // LILAC_MOE_PRED_STATS=1: per layer [K ids][hits][routed] (moe_pred_args::stat), printed at the end
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
@@ -901,6 +901,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                     // (experiment knobs, session 30: LILAC_MOE_PRED_LOPRI=1 the side stream at the default priority,
                     // LILAC_MOE_PRED_NOFETCH=1 the prediction without its prefetch)
                     s->pred_nofetch = getenv("LILAC_MOE_PRED_NOFETCH") != nullptr;
+                    s->pred_bulk = getenv("LILAC_MOE_PRED_BULK") != nullptr; // the bulk prefetches of run 148
                     s->moe_pred = cudaDeviceGetStreamPriorityRange(&lo, &hi) == cudaSuccess &&
                                   cudaStreamCreateWithPriority(&s->pst, cudaStreamNonBlocking,
                                                                getenv("LILAC_MOE_PRED_LOPRI") ? lo : hi) == cudaSuccess &&
@@ -1145,7 +1146,8 @@ static int moe_predict(lilac_session *s, const dlayer &d, int l, const float *o,
     CK(cudaStreamWaitEvent(s->pst, s->ev_pf, 0));
     CK(launch_ex(s->pst, false, k_moe_predict, dim3((unsigned)((C.rows + MOE_PRED_ROWS - 1) / MOE_PRED_ROWS)), dim3(256),
                  moe_pred_smem(c->hidden, C.cols), a));
-    if (!s->pred_nofetch) CK(launch_ex(s->pst, true, k_moe_fetch, dim3(MOE_FETCH_BLOCKS), dim3(32), 0, a));
+    if (!s->pred_nofetch)
+        CK(launch_ex(s->pst, true, s->pred_bulk ? k_moe_fetch<false> : k_moe_fetch<true>, dim3(MOE_FETCH_BLOCKS), dim3(32), 0, a));
     s->pred_forked = true;
     return 0;
 }

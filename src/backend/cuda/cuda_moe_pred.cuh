@@ -130,8 +130,9 @@ __global__ void __launch_bounds__(256) k_moe_predict(moe_pred_args a) {
 // scale/bias pairs: 6 K ranges), one 16 KB piece a thread over MOE_FETCH_BLOCKS blocks of 32:
 // a SM asks the L2 for ~250 GB/s of prefetches at most (run 146: the last predictor block
 // asking for all 13.8 MB alone took ~80 us), so the pieces are spread over many SMs.
+// LINES: line by line through the load/store unit (l2_prefetch_lines) instead of bulk prefetches.
 #define MOE_FETCH_BLOCKS 96
-__global__ void __launch_bounds__(32) k_moe_fetch(moe_pred_args a) {
+template <bool LINES> __global__ void __launch_bounds__(32) k_moe_fetch(moe_pred_args a) {
     pdl_wait(); // the ids come from k_moe_predict
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t nt = (int64_t)gridDim.x * blockDim.x;
@@ -143,7 +144,9 @@ __global__ void __launch_bounds__(32) k_moe_fetch(moe_pred_args a) {
         const int64_t pieces = (int64_t)((n + MOE_PRED_PIECE - 1) / MOE_PRED_PIECE);
         for (; i < pieces; i += nt) {
             const uint64_t off = (uint64_t)i * MOE_PRED_PIECE;
-            l2_prefetch(p + off, (uint32_t)(n - off < MOE_PRED_PIECE ? n - off : MOE_PRED_PIECE));
+            const uint32_t len = (uint32_t)(n - off < MOE_PRED_PIECE ? n - off : MOE_PRED_PIECE);
+            if (LINES) l2_prefetch_lines(p + off, len);
+            else l2_prefetch(p + off, len);
         }
         i -= pieces; // this thread's next piece, counted from the next range
     }

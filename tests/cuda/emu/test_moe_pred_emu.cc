@@ -131,7 +131,8 @@ static void run_case(int64_t E, int64_t H, int64_t O, int K, int rbits, int obit
         void *args[] = {&a};
         cudaLaunchKernel(k_moe_predict, dim3((unsigned)((E + MOE_PRED_ROWS - 1) / MOE_PRED_ROWS)), dim3(256), args,
                          moe_pred_smem(H, O));
-        cudaLaunchKernel(k_moe_fetch, dim3(MOE_FETCH_BLOCKS), dim3(32), args, 0);
+        // (both ways of asking: bulk prefetches on even launches, line by line on odd ones)
+        cudaLaunchKernel(rep % 2 ? k_moe_fetch<true> : k_moe_fetch<false>, dim3(MOE_FETCH_BLOCKS), dim3(32), args, 0);
         cuemu_prefetched = nullptr;
         double lerr = 0.0;
         for (int64_t e = 0; e < E; e++) lerr = std::max(lerr, fabs((double)lp[(size_t)e] - ref[(size_t)e]));
