@@ -96,14 +96,6 @@ if command -v g++ >/dev/null; then
         -x c++ tests/cuda/emu/test_moe_split_emu.cc -lm -o build/test_moe_split_emu && build/test_moe_split_emu && \
         CUEMU_SHUFFLE=1 build/test_moe_split_emu"
 fi
-# The decode MoE's expert prediction (src/backend/cuda/cuda_moe_pred.cuh: the composite matrix made at
-# load and k_moe_predict) on the same emulator: against the router's logits in double on the residual
-# after the output projection; the L2 prefetches it asks for, recorded by the emulator.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_moe_pred" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_moe_pred_emu.cc -lm -o build/test_moe_pred_emu && build/test_moe_pred_emu && \
-        CUEMU_SHUFFLE=1 build/test_moe_pred_emu"
-fi
 if [ -x .venv/bin/python ]; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"

@@ -514,8 +514,8 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
         acc.fill_bytes(0);
         cnt.fill_bytes(0);
         auto go = [&](unsigned long long *P) {
-            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, MOE_SPLIT_THREADS, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, (float *)nullptr, (int *)nullptr, P);
-            else k_moe_split<1><<<(unsigned)grid, MOE_SPLIT_THREADS, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, (float *)nullptr, (int *)nullptr, P);
+            if (nsg == 2) k_moe_split<2><<<(unsigned)grid, MOE_SPLIT_THREADS, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
+            else k_moe_split<1><<<(unsigned)grid, MOE_SPLIT_THREADS, smx>>>(gt->W, up->W, dn->W, sh->W, dxn.p, H, dlg.p, E, norm, dsh.p, I, I, dsg.p, K, acc.p, cnt.p, dx.p, P);
         };
         go(nullptr);
         CKL();

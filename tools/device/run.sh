@@ -121,9 +121,7 @@ model_checks() {
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1
           LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gdnchunk.log" 2>&1 || rc=1
-          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1
-          # the opt-in expert prefetch (cuda_moe_pred.cuh): a hint, so the same checks must pass with it
-          LILAC_MOE_PREDICT=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-moepred.log" 2>&1 || rc=1; }
+          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1; }
 }
 # A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
 # its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).
@@ -145,7 +143,7 @@ if [ "$MODE" = trace ]; then  # a decode step's kernels as the GPU ran them (CUP
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null || exit 1
     for L in ${TRACE_LENS:-4096 32768}; do
         echo "=== decode after $L tokens: untraced, then traced"
-        env ${TRACE_ENV:-} ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:|moe prefetch"
+        env ${TRACE_ENV:-} ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:"
         env ${TRACE_ENV:-} CUDA_INJECTION64_PATH=$PWD/build/kernel_trace.so KTRACE_OUT=$LOGS/ktrace-$L.tsv \
             ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens "$L" --decode-steps 32 --rounds 1 2>&1 | grep -E "^ +[0-9]+ |kernel_trace|k_moe_split|units:"
         python3 tools/device/step_trace.py --layers ${TRACE_LAYERS:-2} < "$LOGS/ktrace-$L.tsv" | tee "$OUT/trace-$L.txt"
@@ -273,7 +271,7 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
             for v in ${AB_ENVS:-X=0}; do
                 echo "$b $v"
                 env ${v//,/ } $b/lilac bench --model /tmp/full --backend cuda --prompt-lens ${AB_LENS:-4096,32768} \
-                    --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:|moe prefetch"
+                    --decode-steps ${AB_STEPS:-64} --rounds 1 2>&1 | grep -E "^ +[0-9]+ |k_moe_split|units:"
             done
         done
     done | tee "$OUT/bench.log"

@@ -27,7 +27,6 @@ extern "C" {
 #include "cuda_attn.cuh"
 #include "cuda_gdn_chunk.cuh"
 #include "cuda_decode.cuh"
-#include "cuda_moe_pred.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -94,9 +93,6 @@ struct dmodel {
     float *final_norm;
     float *inv_freq; // RoPE frequencies [rotary_dim / 2], as the CPU reference computes them
     std::vector<dlayer> layers;
-    // per layer, C = router diag(post_norm) out_proj (bf16, E x O) for k_moe_predict (cuda_moe_pred.cuh);
-    // an empty matrix (w null) where the layer has none (without LILAC_MOE_PREDICT=1, or formats it cannot read)
-    std::vector<dmat> pred_c;
 };
 
 // Copy n bytes host->device through the two pinned staging buffers.
@@ -153,9 +149,7 @@ static const void *dev_ptr(dmodel *D, const void *p, lilac_err *err, int *rc) {
 
 // pack: also keep the codes in tensor-core fragment order (cuda_packed.cuh) for
 // the decode GEMV (every 4-bit matrix but the embedding, which is gathered).
-// mlx: where given, the matrix as the checkpoint lays it out (valid until dmodel_upload frees
-// what only packed copies read), for kernels that run at load.
-static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack = true, dmat *mlx = nullptr) {
+static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, bool pack = true) {
     int rc = 0;
     memset(d, 0, sizeof *d);
     d->type = h->type == MAT_AFFINE ? 0 : 1;
@@ -173,7 +167,6 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, boo
     d->b = (const __nv_bfloat16 *)dev_ptr(D, h->biases, err, &rc);
     d->w = (const __nv_bfloat16 *)dev_ptr(D, h->w, err, &rc);
     if (rc < 0) return rc;
-    if (mlx) *mlx = *d;
     const bool packs = pack && pk_ok(*d) && d->rows;
     for (const void *hp : {(const void *)h->q, (const void *)h->scales, (const void *)h->biases, (const void *)h->w})
         if (dmodel::region *r = region_of(D, hp)) (packs ? r->packed : r->keep) = true;
@@ -224,33 +217,6 @@ static void dmodel_free(dmodel *D) {
     delete D;
 }
 
-// Whether k_moe_predict can serve a layer (cuda_moe_pred.cuh): a router that row_dot reads (8-bit
-// or bf16, not packed), an output projection k_pred_c reads, and packed experts to prefetch.
-static bool pred_c_ok(const dlayer &d, const dmat &wo, int64_t H) {
-    const dmat &r = d.router;
-    const bool r_ok = !r.pk && r.rows > 0 && r.cols == H && (r.type == 1 || (r.bits == 8 && r.group % 16 == 0));
-    const bool o_ok = wo.rows == H && wo.cols % 8 == 0 && (wo.type == 1 ? wo.w != nullptr : (wo.bits == 4 || wo.bits == 8) && wo.q);
-    return r_ok && o_ok && H % 4 == 0 && d.exp_gate.pk && d.exp_up.pk && d.exp_down.pk;
-}
-// C = router diag(post_norm) Wo for a layer, on the upload stream (Wo in its checkpoint layout,
-// which dmodel_upload frees only after the stream has finished).
-static int make_pred_c(dmodel *D, const dlayer &d, const dmat &wo, dmat *C, lilac_err *err) {
-    const int64_t E = d.router.rows, O = wo.cols;
-    __nv_bfloat16 *p = nullptr;
-    if (cudaMalloc((void **)&p, sizeof(__nv_bfloat16) * (size_t)(E * O)) != cudaSuccess) {
-        cudaGetLastError();
-        return lilac_fail(err, "GPU out of memory for the MoE predictor's %lld x %lld matrix", (long long)E, (long long)O);
-    }
-    D->allocs.push_back(p);
-    k_pred_c<<<dim3((unsigned)((O + PC_C - 1) / PC_C), (unsigned)((E + PC_R - 1) / PC_R)), 256, 0, D->stream>>>(
-        d.router, d.post_norm, wo, p);
-    CKL();
-    *C = dmat{};
-    C->type = 1, C->bits = 16, C->group = 64, C->rows = E, C->cols = O, C->stride = E, C->n_experts = 1, C->w = p;
-    D->packed += sizeof(__nv_bfloat16) * (size_t)(E * O);
-    return 0;
-}
-
 static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     D->m = m;
@@ -275,20 +241,15 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
         up_vec(D, inv_freq.data(), (int64_t)inv_freq.size(), &D->inv_freq, err) < 0)
         return -1;
     D->layers.resize((size_t)c->n_layers);
-    D->pred_c.assign((size_t)c->n_layers, dmat{});
-    const char *e_pred = getenv("LILAC_MOE_PREDICT");
-    // opt-in until measured faster (docs/perf.md, session 29: run 146 lost 42% with the prefetch from one block)
-    const bool pred = e_pred && strcmp(e_pred, "0") && c->n_experts <= 256 && c->top_k <= MOE_KMAX;
     for (int l = 0; l < c->n_layers; l++) {
         const lilac_layer *h = &m->layers[l];
         dlayer *d = &D->layers[(size_t)l];
         const int64_t H = c->hidden;
-        dmat wo = {}; // the mixer's output projection as the checkpoint has it (k_pred_c reads it)
         if (up_vec(D, h->in_norm, H, &d->in_norm, err) < 0 || up_vec(D, h->post_norm, H, &d->post_norm, err) < 0) return -1;
         if (!h->is_full) {
             if (up_mat(D, &h->in_qkv, &d->in_qkv, err) < 0 || up_mat(D, &h->in_z, &d->in_z, err) < 0 ||
                 up_mat(D, &h->in_b, &d->in_b, err) < 0 || up_mat(D, &h->in_a, &d->in_a, err) < 0 ||
-                up_mat(D, &h->out_proj, &d->out_proj, err, true, &wo) < 0 ||
+                up_mat(D, &h->out_proj, &d->out_proj, err) < 0 ||
                 up_vec(D, h->conv, cfg_conv_dim(c) * c->conv_kernel, &d->conv, err) < 0 ||
                 up_vec(D, h->A_log, c->lin_v_heads, &d->A_log, err) < 0 ||
                 up_vec(D, h->dt_bias, c->lin_v_heads, &d->dt_bias, err) < 0 ||
@@ -296,7 +257,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
                 return -1;
         } else {
             if (up_mat(D, &h->q_proj, &d->q_proj, err) < 0 || up_mat(D, &h->k_proj, &d->k_proj, err) < 0 ||
-                up_mat(D, &h->v_proj, &d->v_proj, err) < 0 || up_mat(D, &h->o_proj, &d->o_proj, err, true, &wo) < 0 ||
+                up_mat(D, &h->v_proj, &d->v_proj, err) < 0 || up_mat(D, &h->o_proj, &d->o_proj, err) < 0 ||
                 up_vec(D, h->q_norm, c->head_dim, &d->q_norm, err) < 0 ||
                 up_vec(D, h->k_norm, c->head_dim, &d->k_norm, err) < 0)
                 return -1;
@@ -306,7 +267,6 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
             up_mat(D, &h->sh_gate, &d->sh_gate, err) < 0 || up_mat(D, &h->sh_up, &d->sh_up, err) < 0 ||
             up_mat(D, &h->sh_down, &d->sh_down, err) < 0 || up_mat(D, &h->sh_expert_gate, &d->sh_expert_gate, err) < 0)
             return -1;
-        if (pred && pred_c_ok(*d, wo, H) && make_pred_c(D, *d, wo, &D->pred_c[(size_t)l], err) < 0) return -1;
     }
     CK(cudaStreamSynchronize(D->stream));
     // Tensors only packed matrices read are needed no more in the MLX layout.
@@ -386,18 +346,6 @@ struct lilac_session {
     unsigned *moe_count;         // and its arrival count
     unsigned long long *moe_prof; // LILAC_MOE_PROF=l: layer l's k_moe_split marks in decode steps, printed at the end
     int moe_prof_layer, moe_prof_grid, moe_prof_nA;
-    // The routed experts' prefetch (cuda_moe_pred.cuh): k_moe_predict on pst, forked from st when a
-    // layer's mixer ends (ev_pf) and joined once the pass is queued (ev_pj, pred_join). On where
-    // k_moe_split serves and the model has C (D->pred_c, made only with LILAC_MOE_PREDICT=1: opt-in).
-    bool moe_pred, pred_forked;
-    cudaStream_t pst;
-    cudaEvent_t ev_pf, ev_pj;
-    float *xsnap;   // [n_layers][H]: x before layer l's mixer, written by layer l-1's k_moe_split
-    float *pred_lp; // the predicted logits (E)
-    unsigned *pred_count;
-    bool pred_nofetch, pred_bulk;
-    int *pred_ids;  // the predicted top-k (k_moe_predict -> k_moe_fetch)
-    int *pred_stat; // LILAC_MOE_PRED_STATS=1: per layer [K ids][hits][routed] (moe_pred_args::stat), printed at the end
     int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
     int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
@@ -495,15 +443,6 @@ static void cuda_session_free(lilac_session *s) {
             moe_split_timeline(stderr, t.data(), s->moe_prof_grid, s->moe_prof_nA);
         }
     }
-    if (s->pred_stat) { // LILAC_MOE_PRED_STATS: how often the prefetched experts were the router's
-        const int L = s->m->cfg.n_layers, K = s->m->cfg.top_k;
-        std::vector<int> t((size_t)L * (size_t)(K + 2));
-        long long hits = 0, routed = 0;
-        if (cudaMemcpy(t.data(), s->pred_stat, t.size() * sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
-            for (int l = 0; l < L; l++) hits += t[(size_t)l * (K + 2) + K], routed += t[(size_t)l * (K + 2) + K + 1];
-        fprintf(stderr, "lilac: moe prefetch: %lld of %lld routed experts had been predicted (%.2f%%)\n", hits, routed,
-                routed ? 100.0 * (double)hits / (double)routed : 0.0);
-    }
     if (s->graph) cudaGraphExecDestroy(s->graph);
     if (s->sgraph) cudaGraphExecDestroy(s->sgraph);
     cuda_sampler_free(s->smp);
@@ -516,9 +455,6 @@ static void cuda_session_free(lilac_session *s) {
     if (s->st2) cudaStreamDestroy(s->st2);
     if (s->ev_fork) cudaEventDestroy(s->ev_fork);
     if (s->ev_join) cudaEventDestroy(s->ev_join);
-    if (s->pst) cudaStreamDestroy(s->pst);
-    if (s->ev_pf) cudaEventDestroy(s->ev_pf);
-    if (s->ev_pj) cudaEventDestroy(s->ev_pj);
     if (s->D && --s->D->refs <= 0) {
         g_models.erase(std::remove(g_models.begin(), g_models.end(), s->D), g_models.end());
         dmodel_free(s->D);
@@ -896,23 +832,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
                      cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           (int)moe_split_smem(H, nsg)) == cudaSuccess;
                 s->moe_nsg = nsg;
-                if (!s->D->pred_c.empty() && s->D->pred_c[(size_t)c->n_layers - 1].w) { // (every MoE layer has C alike)
-                    int lo = 0, hi = 0;
-                    // (experiment knobs, session 30: LILAC_MOE_PRED_LOPRI=1 the side stream at the default priority,
-                    // LILAC_MOE_PRED_NOFETCH=1 the prediction without its prefetch)
-                    s->pred_nofetch = getenv("LILAC_MOE_PRED_NOFETCH") != nullptr;
-                    s->pred_bulk = getenv("LILAC_MOE_PRED_BULK") != nullptr; // the bulk prefetches of run 148
-                    s->moe_pred = cudaDeviceGetStreamPriorityRange(&lo, &hi) == cudaSuccess &&
-                                  cudaStreamCreateWithPriority(&s->pst, cudaStreamNonBlocking,
-                                                               getenv("LILAC_MOE_PRED_LOPRI") ? lo : hi) == cudaSuccess &&
-                                  cudaEventCreateWithFlags(&s->ev_pf, cudaEventDisableTiming) == cudaSuccess &&
-                                  cudaEventCreateWithFlags(&s->ev_pj, cudaEventDisableTiming) == cudaSuccess;
-                    ok = ok && s->moe_pred && dalloc(s, &s->xsnap, (size_t)(c->n_layers * H), err) == 0 &&
-                         dalloc(s, &s->pred_lp, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->pred_count, 1, err) == 0 &&
-                         dalloc(s, &s->pred_ids, (size_t)MOE_KMAX, err) == 0 &&
-                         (!getenv("LILAC_MOE_PRED_STATS") ||
-                          dalloc(s, &s->pred_stat, (size_t)c->n_layers * (size_t)(K + 2), err) == 0);
-                }
                 if (const char *e = getenv("LILAC_MOE_PROF")) {
                     s->moe_prof_layer = atoi(e);
                     s->moe_prof_nA = (int)moe_split_routed((int)K, c->moe_inter);
@@ -1130,37 +1049,6 @@ static int conv_launch(lilac_session *s, const float *w, float *state, int T, co
     return 0;
 }
 
-// One token, the mixer of layer l done (o: its output, out_proj's input): k_moe_predict on the
-// side stream fetches the experts the router will choose into the L2 while out_proj and the
-// router GEMV run (cuda_moe_pred.cuh). Layer 0 has no copy of x to start from.
-static int moe_predict(lilac_session *s, const dlayer &d, int l, const float *o, lilac_err *err) {
-    const lilac_config *c = &s->m->cfg;
-    const dmat &C = s->D->pred_c[(size_t)l];
-    if (!s->moe_pred || l == 0 || !C.w || (s->ablate & (ABL_MOE | ABL_ROUTER | ABL_OUTPROJ))) return 0;
-    moe_pred_args a = {};
-    a.Wr = d.router, a.C = C, a.g = d.post_norm, a.x = s->xsnap + (int64_t)l * c->hidden, a.o = o;
-    a.lp = s->pred_lp, a.count = s->pred_count, a.K = c->top_k, a.ids = s->pred_ids;
-    a.Wg = d.exp_gate, a.Wu = d.exp_up, a.Wd = d.exp_down;
-    a.stat = s->pred_stat ? s->pred_stat + (size_t)l * (size_t)(c->top_k + 2) : nullptr;
-    CK(cudaEventRecord(s->ev_pf, s->st));
-    CK(cudaStreamWaitEvent(s->pst, s->ev_pf, 0));
-    CK(launch_ex(s->pst, false, k_moe_predict, dim3((unsigned)((C.rows + MOE_PRED_ROWS - 1) / MOE_PRED_ROWS)), dim3(256),
-                 moe_pred_smem(c->hidden, C.cols), a));
-    if (!s->pred_nofetch)
-        CK(launch_ex(s->pst, true, s->pred_bulk ? k_moe_fetch<false> : k_moe_fetch<true>, dim3(MOE_FETCH_BLOCKS), dim3(32), 0, a));
-    s->pred_forked = true;
-    return 0;
-}
-// The predictions forked since the last join back into st: after the last kernel of a pass, so that
-// no kernel of the step's chain waits for them (and a graph's capture ends with every branch joined).
-static int pred_join(lilac_session *s, lilac_err *err) {
-    if (!s->pred_forked) return 0;
-    s->pred_forked = false;
-    CK(cudaEventRecord(s->ev_pj, s->pst));
-    CK(cudaStreamWaitEvent(s->st, s->ev_pj, 0));
-    return 0;
-}
-
 static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err *err) {
     const lilac_config *c = &s->m->cfg;
     const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
@@ -1188,7 +1076,6 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         }
 #undef STEP
         CKL();
-        if (moe_predict(s, d, l, s->o, err) < 0) return -1;
     } else {
         // dk = 128: a conv block is one q/k head, and the conv normalises the heads and makes the gates itself
         gdn_prep_args pp = {0, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -1276,7 +1163,6 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     if (S > 1 && !(T == 1 && (s->ablate & ABL_COMB))) {
         pdl_launch(s, k_attn_combine, attn_combine_grid(nh, T, hd), 256, 0, s->qg, s->part, S, nh, hd, s->att);
         CKL();
-        if (T == 1 && moe_predict(s, d, l, s->att, err) < 0) return -1;
     }
     prof_mark(s, PH_ATTN_CORE);
     return mixer_out(s, d.o_proj, s->att, (int64_t)nh * hd, T, err);
@@ -1407,13 +1293,10 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
             if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
                 const int nsg = s->moe_nsg;
-                // the next layer's predictor starts from this layer's result (moe_predict)
-                float *const xsnap = s->moe_pred && l + 1 < c->n_layers ? s->xsnap + (int64_t)(l + 1) * H : nullptr;
-                int *const pstat = s->pred_stat ? s->pred_stat + (size_t)l * (size_t)(K + 2) : nullptr;
                 const unsigned grid = (unsigned)moe_split_grid(K, I, d.sh_down.cols, nsg);
 #define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, MOE_SPLIT_THREADS, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
-                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x, xsnap, pstat,  \
+                            d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
                             l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr)
                 if (nsg == 2) SPLIT(2);
                 else SPLIT(1);
@@ -1711,8 +1594,7 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
             prof_mark(s, PH_HEAD);
             if (logits) CK(cudaMemcpyAsync(logits, s->logits, sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
         }
-        // The host staging buffer is reused by the next chunk: wait here (for the side stream too).
-        if (pred_join(s, err) < 0) return -1;
+        // The host staging buffer is reused by the next chunk: wait here.
         CK(cudaStreamSynchronize(s->st));
         prof_report(s, T);
         done += T;
@@ -1727,7 +1609,6 @@ static int capture_step(lilac_session *s, lilac_err *err) {
     cudaGraph_t g;
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
     int rc = decode_pass(s, true, err);
-    if (pred_join(s, err) < 0) rc = -1;
     cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0) return -1;
     CK(e);
@@ -1869,7 +1750,6 @@ static int capture_sample_step(lilac_session *s, lilac_err *err) {
     CK(cudaStreamBeginCapture(s->st, cudaStreamCaptureModeThreadLocal));
     int rc = decode_pass(s, false, err);
     if (rc == 0) rc = cuda_sampler_launch(s->smp, s->logits, s->st, err);
-    if (pred_join(s, err) < 0) rc = -1;
     const cudaError_t e = cudaStreamEndCapture(s->st, &g);
     if (rc < 0 || e != cudaSuccess) {
         if (g) cudaGraphDestroy(g);

@@ -161,15 +161,6 @@ __device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Asks the L2 to fetch [a, a + n) from DRAM (a and n multiples of 16); nothing waits for it.
-__device__ __forceinline__ void l2_prefetch(uintptr_t a, uint32_t n) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
-}
-// The same by one prefetch.global.L2 a 128-byte line: through the load/store unit, not the SM's
-// bulk-copy unit that the GEMVs' weight copies queue on (run 148: bulk prefetches there took 35 us a layer).
-__device__ __forceinline__ void l2_prefetch_lines(uintptr_t a, uint32_t n) {
-    for (uint32_t o = 0; o < n; o += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + o) : "memory");
-}
 // The global timer (ns): in-kernel timestamps of the profiling hooks.
 __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;

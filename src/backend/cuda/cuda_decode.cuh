@@ -85,7 +85,9 @@ struct mk_params {
 
 // (grid_sync and its helpers: cuda_common.cuh)
 
-// (l2_prefetch: cuda_common.cuh)
+__device__ __forceinline__ void l2_prefetch(uintptr_t a, uint32_t n) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(n) : "memory");
+}
 // This CTA's share of [p, p + n) into the L2 (warp 0 calls it; 16-byte aligned pieces).
 __device__ __noinline__ void prefetch_share(const void *p, int64_t n) {
     if (!p || n <= 0) return;

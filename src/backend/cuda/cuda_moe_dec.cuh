@@ -99,8 +99,7 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
 // predecessor wait. Each unit adds its H outputs into acc as 64-bit fixed point
 // (2^-32): integer sums, exact whatever order the units finish in, so the
 // result is deterministic. The last unit to finish (an arrival count) adds acc
-// into x (and, when given, the copy xsnap that the next layer's k_moe_predict reads,
-// cuda_moe_pred.cuh) and leaves acc and the count at zero for the next launch. No unit
+// into x and leaves acc and the count at zero for the next launch. No unit
 // waits for another: one launch of K*I/32 + SI/(64 NSG) blocks (132 here), in
 // any number of waves. (NaN or |sum| >= 2^31 does not survive the fixed point.)
 #define MOE_FX 4294967296.0 // 2^32
@@ -130,8 +129,7 @@ template <int NSG>
 __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
                                                       const float *rlog, int E, int norm, const float *shgu, int64_t I,
                                                       int64_t SI, const float *sg, int K, unsigned long long *acc,
-                                                      unsigned *count, float *x, float *xsnap, int *pstat,
-                                                      unsigned long long *prof) {
+                                                      unsigned *count, float *x, unsigned long long *prof) {
     MOE_SMEM(msm);
     constexpr int NW = MOE_SPLIT_WARPS;
     __shared__ float part[NW][17];
@@ -158,13 +156,6 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
         else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
         __syncthreads();
         mark(1);
-        if (pstat && u == 0 && tid == 0) { // LILAC_MOE_PRED_STATS: how many of the top-k k_moe_predict had asked for
-            int hits = 0;
-            for (int i = 0; i < K; i++)
-                for (int j = 0; j < K; j++) hits += ti[i] == __ldcg(pstat + j);
-            atomicAdd(pstat + K, hits);
-            atomicAdd(pstat + K + 1, K);
-        }
         const int k = (int)(u / upk), c = (int)(u % upk), half = c & 1, e = ti[k];
         moe_a_regs<NW> A; // gate/up rows of dims 32c .. 32c+31 into registers
         moe_a_load(A, Wg, Wu, e, c, ngu);
@@ -266,9 +257,7 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
             for (int i = 0; i < 8; i++) {
                 const int64_t h = h0 + (int64_t)i * blockDim.x;
                 if (h < H) {
-                    const float xo = xv[i] + (float)((double)(long long)v[i] * (1.0 / MOE_FX));
-                    x[h] = xo;
-                    if (xsnap) xsnap[h] = xo; // the next layer's k_moe_predict reads x as it was before its mixer
+                    x[h] = xv[i] + (float)((double)(long long)v[i] * (1.0 / MOE_FX));
                     acc[h] = 0ull;
                 }
             }

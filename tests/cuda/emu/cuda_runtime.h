@@ -239,15 +239,6 @@ inline void pdl_wait() {}
 inline void pdl_trigger() {}
 inline void pdl_trigger_early() {}
 inline unsigned long long gtimer() { return 0; }
-// An L2 prefetch changes nothing a kernel computes: the emulator only records the ranges asked
-// for, when a test gives it a list (cuemu_prefetched), so that the test can check them.
-inline std::vector<std::pair<uintptr_t, uint32_t>> *cuemu_prefetched;
-inline void l2_prefetch(uintptr_t a, uint32_t n) {
-    if (cuemu_prefetched) cuemu_prefetched->push_back({a, n});
-}
-inline void l2_prefetch_lines(uintptr_t a, uint32_t n) { // one record a 128-byte line, as the device issues them
-    for (uint32_t o = 0; o < n; o += 128) l2_prefetch(a + o, n - o < 128 ? n - o : 128);
-}
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 #include "backend/cuda/cuda_reduce.cuh" // warp_sum, block_sum, ... as the kernels have them
 inline long long clock64() { return 0; }

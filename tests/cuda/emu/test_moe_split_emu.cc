@@ -5,9 +5,8 @@
 // logic where CI has no GPU: every lane's fragments of the integer MMAs (emu/mma.h
 // stands in for mma.m16n8k32 s8 in the PTX fragment map), the packed layout as
 // cuda_packed.cuh documents it (built here from the codes, independently of k_repack4),
-// the staged int8 pieces, the top-k with ties, the sums left at zero for the next
-// launch, the copy of x its fold leaves for the next layer's predictor and the counts of
-// predicted experts (LILAC_MOE_PRED_STATS). test_matmul checks the same kernel on the device. Build (tests/run.sh does):
+// the staged int8 pieces, the top-k with ties, and the sums left at zero for the next
+// launch. test_matmul checks the same kernel on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
 //       tests/cuda/emu/test_moe_split_emu.cc -lm -o build/test_moe_split_emu
 #include <math.h>
@@ -86,24 +85,12 @@ static void run_case(int64_t H, int64_t I, int K, int E, int norm, bool tie) {
     const dmat Wg = gt.view(), Wu = up.view(), Wd = dn.view(), Ws = sh.view();
     const float *xn_p = xn.data(), *lg_p = lg.data(), *sh_p = shgu.data(), *sg_p = &sg;
     float *x_p = x.data();
-    std::vector<float> snap((size_t)H, NAN); // the fold's copy of x for the next layer's predictor
-    float *snap_p = snap.data();
-    // LILAC_MOE_PRED_STATS's counts: a prediction of the top-k's first K-1 experts and one that is not routed
-    std::vector<int> st((size_t)K + 2, 0);
-    {
-        std::vector<int> ord((size_t)E);
-        for (int e = 0; e < E; e++) ord[(size_t)e] = e;
-        std::stable_sort(ord.begin(), ord.end(), [&](int a, int b) { return lg[(size_t)a] > lg[(size_t)b]; });
-        for (int k = 0; k < K; k++) st[(size_t)k] = ord[(size_t)k];
-        if (K < E) st[(size_t)K - 1] = ord[(size_t)K];
-    }
-    int *pstat = st.data();
     unsigned long long *acc_p = acc.data(), *prof = nullptr;
     unsigned *cnt_p = &count;
     int64_t Hv = H, Iv = I, SIv = SI;
     int Ev = E, nv = norm, Kv = K;
     void *args[] = {(void *)&Wg, (void *)&Wu, (void *)&Wd, (void *)&Ws, &xn_p, &Hv, &lg_p, &Ev, &nv, &sh_p, &Iv, &SIv, &sg_p, &Kv,
-                    &acc_p, &cnt_p, &x_p, &snap_p, &pstat, &prof};
+                    &acc_p, &cnt_p, &x_p, &prof};
     for (int rep = 0; rep < 2; rep++) {
         if (nsg == 2) cudaLaunchKernel(k_moe_split<2>, dim3(grid), dim3(MOE_SPLIT_THREADS), args, moe_split_smem(H, 2));
         else cudaLaunchKernel(k_moe_split<1>, dim3(grid), dim3(MOE_SPLIT_THREADS), args, moe_split_smem(H, 1));
@@ -117,14 +104,10 @@ static void run_case(int64_t H, int64_t I, int K, int E, int norm, bool tie) {
     for (unsigned long long v : acc) left += v != 0;
     const double rel = md / mr;
     // int8 pieces resolve xn and h to 2^-21 of their groups' largest; the sums are exact to 2^-32
-    const bool snap_ok = memcmp(snap.data(), x.data(), sizeof(float) * (size_t)H) == 0;
-    const int want_hits = 2 * (K < E ? K - 1 : K);
-    const bool stat_ok = st[(size_t)K] == want_hits && st[(size_t)K + 1] == 2 * K;
-    const bool ok = rel < 2e-5 && left == 0 && count == 0 && snap_ok && stat_ok;
-    if (!stat_ok) printf("  prediction counts %d of %d, want %d of %d\n", st[(size_t)K], st[(size_t)K + 1], want_hits, 2 * K);
+    const bool ok = rel < 2e-5 && left == 0 && count == 0;
     printf("%s moe_split H=%5lld I=%4lld K=%d of %3d experts, norm %d%s, grid %u (shared groups a unit %d): "
-           "max|x - ref| / max|ref step| %.2e after two launches, sums left %zu, count %u, copy of x %s\n",
-           ok ? "PASS" : "FAIL", (long long)H, (long long)I, K, E, norm, tie ? ", ties" : "", grid, nsg, rel, left, count, snap_ok ? "equal" : "DIFFERS");
+           "max|x - ref| / max|ref step| %.2e after two launches, sums left %zu, count %u\n",
+           ok ? "PASS" : "FAIL", (long long)H, (long long)I, K, E, norm, tie ? ", ties" : "", grid, nsg, rel, left, count);
     ok ? passes++ : fails++;
 }
 
