@@ -60,8 +60,16 @@ __device__ __forceinline__ void phase(const float *in, float *out, int r0, int R
     }
 }
 
+// The SM a block ran on: smid[phase * MAXG + block] (where the launches' blocks land).
+static const int MAXG = 512;
+__device__ __forceinline__ unsigned sm_id() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+
 template <bool STAGE, bool LATE>
-__global__ void __launch_bounds__(NT) k_phase(const float *in, float *out) {
+__global__ void __launch_bounds__(NT) k_phase(const float *in, float *out, int *smid, int p) {
     __shared__ float red[32];
     __shared__ uint4 xq[N / 4];
     __shared__ float xsg[N / 32];
@@ -70,6 +78,7 @@ __global__ void __launch_bounds__(NT) k_phase(const float *in, float *out) {
     const int R = (N + gridDim.x - 1) / gridDim.x;
     phase<STAGE>(in, out, blockIdx.x * R, R, red, xq, xsg);
     if (LATE) pdl_trigger();
+    if (threadIdx.x == 0) smid[p * MAXG + blockIdx.x] = (int)sm_id();
 }
 
 template <bool STAGE>
@@ -150,6 +159,8 @@ int main() {
     CK(cudaMalloc(&b, N * sizeof(float)));
     CK(cudaMalloc(&bar, 128 * sizeof(unsigned)));
     CK(cudaMalloc(&sink, sizeof(int)));
+    int *smid;
+    CK(cudaMalloc(&smid, (size_t)NP * MAXG * sizeof(int)));
     CK(cudaMemset(bar, 0, 128 * sizeof(unsigned)));
     std::vector<float> x0(N);
     for (int i = 0; i < N; i++) x0[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
@@ -192,11 +203,11 @@ int main() {
                         const float *in = p & 1 ? b : a;
                         float *out = p & 1 ? a : b;
                         if (var == 2)
-                            CK(stage ? launch_ex(st, pdl, k_phase<true, true>, dim3(Gv), dim3(NT), sm, in, out)
-                                     : launch_ex(st, pdl, k_phase<false, true>, dim3(Gv), dim3(NT), sm, in, out));
+                            CK(stage ? launch_ex(st, pdl, k_phase<true, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p)
+                                     : launch_ex(st, pdl, k_phase<false, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p));
                         else
-                            CK(stage ? launch_ex(st, pdl, k_phase<true, false>, dim3(Gv), dim3(NT), sm, in, out)
-                                     : launch_ex(st, pdl, k_phase<false, false>, dim3(Gv), dim3(NT), sm, in, out));
+                            CK(stage ? launch_ex(st, pdl, k_phase<true, false>, dim3(Gv), dim3(NT), sm, in, out, smid, p)
+                                     : launch_ex(st, pdl, k_phase<false, false>, dim3(Gv), dim3(NT), sm, in, out, smid, p));
                     }
                 };
                 // each replay continues from the last one's vector; the check runs one fresh pass
@@ -208,7 +219,16 @@ int main() {
                 char what[96];
                 snprintf(what, sizeof what, "kernels%s, grid %d%s", vn[var], Gv, stage ? ", staged" : "");
                 check(what, NP & 1 ? b : a);
-                printf("%-52s %6.2f us a phase\n", what, us);
+                // where the check pass's blocks ran: SMs holding two or more blocks of one launch
+                std::vector<int> where((size_t)NP * MAXG);
+                CK(cudaMemcpy(where.data(), smid, where.size() * sizeof(int), cudaMemcpyDeviceToHost));
+                double dbl = 0;
+                for (int p = 0; p < NP; p++) {
+                    std::vector<int> n(1024, 0);
+                    for (int i = 0; i < Gv; i++) n[(size_t)where[(size_t)p * MAXG + i] & 1023]++;
+                    for (int c : n) dbl += c >= 2;
+                }
+                printf("%-52s %6.2f us a phase (%.1f SMs a launch with 2+ of its blocks)\n", what, us, dbl / NP);
             }
             int fit = 0;
             CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, stage ? k_phase_persist<true> : k_phase_persist<false>, NT, 0));
