@@ -68,13 +68,20 @@ __device__ __forceinline__ unsigned sm_id() {
     return r;
 }
 
-template <bool STAGE, bool LATE>
+// ONE: only warp 0 waits for the predecessor (griddepcontrol.wait makes its writes visible to the
+// whole grid); the other warps wait at the block barrier, where a warp issues nothing.
+template <bool STAGE, bool LATE, bool ONE = false>
 __global__ void __launch_bounds__(NT) k_phase(const float *in, float *out, int *smid, int p) {
     __shared__ float red[32];
     __shared__ uint4 xq[N / 4];
     __shared__ float xsg[N / 32];
     if (!LATE) pdl_trigger(); // as lilac's kernels: the next one may launch at once
-    pdl_wait();
+    if (ONE) {
+        if (threadIdx.x < 32) pdl_wait();
+        __syncthreads();
+    } else {
+        pdl_wait();
+    }
     const int R = (N + gridDim.x - 1) / gridDim.x;
     phase<STAGE>(in, out, blockIdx.x * R, R, red, xq, xsg);
     if (LATE) pdl_trigger();
@@ -192,8 +199,9 @@ int main() {
     for (int stage = 0; stage < 2; stage++)
         for (int gi = 0; gi < 2; gi++) {
             const int G = grids[gi];
-            // variants: 0 PDL, 1 no PDL, 2 PDL + late trigger, 3 PDL + padded, 4 PDL at grid 132 (128 only)
-            for (int var = 0; var < 5; var++) {
+            // variants: 0 PDL, 1 no PDL, 2 PDL + late trigger, 3 PDL + padded, 4 PDL at grid 132 (128 only),
+            // 5 PDL + one warp waits
+            for (int var = 0; var < 6; var++) {
                 if ((var == 3 && G > sms) || (var == 4 && G != 128)) continue;
                 const int Gv = var == 4 ? sms : G;
                 const bool pdl = var != 1;
@@ -202,7 +210,10 @@ int main() {
                     for (int p = 0; p < NP; p++) {
                         const float *in = p & 1 ? b : a;
                         float *out = p & 1 ? a : b;
-                        if (var == 2)
+                        if (var == 5)
+                            CK(stage ? launch_ex(st, pdl, k_phase<true, false, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p)
+                                     : launch_ex(st, pdl, k_phase<false, false, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p));
+                        else if (var == 2)
                             CK(stage ? launch_ex(st, pdl, k_phase<true, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p)
                                      : launch_ex(st, pdl, k_phase<false, true>, dim3(Gv), dim3(NT), sm, in, out, smid, p));
                         else
@@ -215,7 +226,8 @@ int main() {
                 reset();
                 body();
                 CK(cudaStreamSynchronize(st));
-                static const char *vn[5] = {" (PDL)", "", " (PDL, late trigger)", " (PDL, 116 KB a block)", " (PDL)"};
+                static const char *vn[6] = {" (PDL)", "", " (PDL, late trigger)", " (PDL, 116 KB a block)", " (PDL)",
+                                            " (PDL, one warp waits)"};
                 char what[96];
                 snprintf(what, sizeof what, "kernels%s, grid %d%s", vn[var], Gv, stage ? ", staged" : "");
                 check(what, NP & 1 ? b : a);
