@@ -351,7 +351,12 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
         }
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
+#ifdef GEMV_WAIT_ONE // an experiment (docs/perf.md, run 151): warp 0 waits, the others at the block barrier
+        if (warp == 0) pdl_wait(); // (the predecessor's writes are then visible to the whole grid)
+        __syncthreads();
+#else
         pdl_wait();
+#endif
     } else {
         pdl_trigger();
     }
