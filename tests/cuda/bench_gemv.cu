@@ -86,32 +86,7 @@ __global__ void __launch_bounds__(256) k_read(const uint4 *p, int64_t n16, uint3
 // Median microseconds per launch over REPS replays of a graph of NL launches.
 template <class F>
 static double time_graph(F launch) {
-    cudaGraph_t gr;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    for (int i = 0; i < NL; i++) CK(launch(i));
-    CK(cudaStreamEndCapture(st, &gr));
-    CK(cudaGraphInstantiate(&ge, gr, 0));
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(ge, st));
-    std::vector<float> ms;
-    for (int r = 0; r < REPS; r++) {
-        CK(cudaEventRecord(a, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float t = 0;
-        CK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(gr));
-    return ms[ms.size() / 2] * 1000.0 / NL;
+    return graph_median_ms(st, [&]() { for (int i = 0; i < NL; i++) CK(launch(i)); }, REPS) * 1000.0 / NL;
 }
 
 // ---------------------------------------------------------------- matrices

@@ -107,36 +107,9 @@ __global__ void k_empty(int *sink) {
     if (threadIdx.x == 1023) *sink = 0; // never
 }
 
-// Median microseconds per phase of `graph` (a capture of the NP phases) over REPS replays.
+// Median microseconds per phase of what body() enqueues (NP phases), captured in a graph.
 template <class F>
-static double time_capture(F body, int per) {
-    cudaGraph_t gr;
-    cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    body();
-    CK(cudaStreamEndCapture(st, &gr));
-    CK(cudaGraphInstantiate(&ge, gr, 0));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(ge, st));
-    std::vector<float> ms;
-    for (int r = 0; r < REPS; r++) {
-        CK(cudaEventRecord(e0, st));
-        CK(cudaGraphLaunch(ge, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        float t = 0;
-        CK(cudaEventElapsedTime(&t, e0, e1));
-        ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
-    CK(cudaGraphExecDestroy(ge));
-    CK(cudaGraphDestroy(gr));
-    return ms[ms.size() / 2] * 1000.0 / per;
-}
+static double time_capture(F body, int per) { return graph_median_ms(st, body, REPS) * 1000.0 / per; }
 
 // The CPU's vector after np phases from x (the check that every phase ran).
 static std::vector<float> cpu_phases(std::vector<float> x, int np) {

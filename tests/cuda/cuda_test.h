@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -59,3 +60,35 @@ static inline uint64_t rnd() { // splitmix64
 static inline int rnd_int(int n) { return (int)(rnd() % (uint64_t)n); }
 static inline float rnd_unit() { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)); } // [0, 1)
 static inline float rnd_sym(float a) { return (2.0f * rnd_unit() - 1.0f) * a; }                 // [-a, a)
+
+// The benchmarks' timing: what body() enqueues on st, captured once into a CUDA graph, then
+// replayed (3 warm-ups, reps timed); the median replay in milliseconds.
+template <class F>
+static double graph_median_ms(cudaStream_t st, F body, int reps) {
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    body();
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int w = 0; w < 3; w++) CK(cudaGraphLaunch(ge, st));
+    std::vector<float> ms;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(e0, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        float t = 0;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(gr));
+    return ms[ms.size() / 2];
+}
