@@ -8,7 +8,9 @@
 // pieces of pk_stage4), and writes its 2,048 / grid rows of the next vector. Timed
 //   - as kernels: NP launches captured in one CUDA graph, with programmatic dependent
 //     launch (as lilac's step runs) and without; with PDL also with the trigger after the
-//     staging (LATE), and with the blocks padded to 116 KB of shared memory (one a SM at most);
+//     staging (LATE), with the blocks padded to 116 KB of shared memory (one a SM at most),
+//     at a grid of one block a SM, and with only warp 0 waiting for the predecessor (ONE);
+//     each line also says on how many SMs a launch had two or more of its blocks (%smid);
 //   - as one persistent cooperative kernel walking the NP phases with a grid barrier
 //     (grid_sync, the persistent decode kernel's) between them;
 // against an empty kernel's launch. A benchmark, not a test: it prints microseconds per
@@ -146,7 +148,7 @@ int main() {
     for (int i = 0; i < N; i++) x0[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
     const std::vector<float> want = cpu_phases(x0, NP);
     int failed = 0;
-    // after a timed body that ran NP phases from x0 (each replay starts again from x0 here), compare
+    // the vector after one fresh pass of NP phases from x0 (reset, then the body once), against the CPU's
     auto check = [&](const char *what, const float *res) {
         std::vector<float> got(N);
         CK(cudaMemcpy(got.data(), res, N * sizeof(float), cudaMemcpyDeviceToHost));
