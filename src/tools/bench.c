@@ -110,7 +110,7 @@ int cmd_bench(int argc, char **argv) {
     lilac_model m;
     if (lilac_model_load(&m, model, &err) < 0) lilac_die("%s", err.msg);
     const int64_t V = m.cfg.vocab;
-    lilac_session *s = be->session_new(&m, max_len + steps + 2, (int)threads, &err);
+    lilac_session *s = be->session_new(&m, max_len + steps + 2 + (getenv("LILAC_BENCH_TWO") ? 64 : 0), (int)threads, &err);
     if (!s) lilac_die("%s", err.msg);
 
     double bw = 0;
@@ -155,6 +155,21 @@ int cmd_bench(int argc, char **argv) {
             uint64_t d = fnv1a(col.ids, col.n);
             if (r > 0 && d != digest) digest_stable = false;
             digest = d;
+        }
+        if (getenv("LILAC_BENCH_TWO")) { /* an experiment (docs/perf.md, run 151): what checking two drafted
+                                          * tokens would cost today, through forward()'s many-token path */
+            float *two = xmalloc(sizeof(float) * (size_t)V * 2);
+            int32_t pair[2] = {1, 2};
+            double tt[2];
+            for (int k = 0; k < 2; k++) {
+                if (be->forward(s, pair, k + 1, LOGITS_ALL, two, &err) < 0) lilac_die("%s", err.msg); /* warm-up */
+                const double a = lilac_now();
+                for (int i = 0; i < 16; i++)
+                    if (be->forward(s, pair, k + 1, LOGITS_ALL, two, &err) < 0) lilac_die("%s", err.msg);
+                tt[k] = (lilac_now() - a) / 16;
+            }
+            printf("%8d forward() of one token %.3f ms, of two %.3f ms (LOGITS_ALL)\n", L, 1e3 * tt[0], 1e3 * tt[1]);
+            free(two);
         }
         double sp_pre = spread(pre, (int)rounds), sp_dec = spread(dec, (int)rounds);
         double mp = median(pre, (int)rounds), md = median(dec, (int)rounds);
