@@ -82,15 +82,11 @@ if command -v g++ >/dev/null; then
 fi
 # The decode GEMV (k_gemv, src/backend/cuda/cuda_gemv.cuh) on the same emulator, with its stand-ins for
 # the s8 mma.sync, the bulk copies and the mbarriers' phases: against the products in double from the
-# same codes, and pk_stage4's bytes against its layout; again with the threads resumed in random order;
-# then the GEMV_WAIT_ONE build (one warp waits for the predecessor, docs/perf.md run 151) the same two ways.
+# same codes, and pk_stage4's bytes against its layout; again with the threads resumed in random order.
 if command -v g++ >/dev/null; then
     run_suite "emu/test_gemv" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu && \
-        build/test_gemv_emu && CUEMU_SHUFFLE=1 build/test_gemv_emu && \
-        g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -DGEMV_WAIT_ONE -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu_w1 && \
-        build/test_gemv_emu_w1 && CUEMU_SHUFFLE=1 build/test_gemv_emu_w1"
+        build/test_gemv_emu && CUEMU_SHUFFLE=1 build/test_gemv_emu"
 fi
 # The decode MoE (k_moe_split, src/backend/cuda/cuda_moe_dec.cuh) on the same emulator, with its
 # stand-in for the s8 mma.sync (emu/mma.h): against one token's MoE in double from the same codes,

@@ -337,10 +337,7 @@ struct lilac_session {
     unsigned long long *amax_best; // k_argmax's running best key and arrival count (zero between launches)
     unsigned *amax_arrived;
     bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
-    bool one;        // the pass is one token's (decode)
     int n_sm;        // multiprocessors, to size GEMV grids
-    unsigned solo;   // LILAC_SOLO (an experiment, docs/perf.md run 151): one-token launches of at most n_sm blocks
-                     // padded to SOLO_SMEM of shared memory, so that no SM runs two of their blocks; 1: GEMVs, 2: the rest
     int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
     unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
     int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
@@ -696,7 +693,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
     s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
     if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
-    if (const char *e = getenv("LILAC_SOLO")) if (*e) s->solo = (unsigned)atoi(e);
     s->gdn_rg = 8; // docs/perf.md, run 71
     s->gdn_c = 2;
     if (const char *e = getenv("LILAC_GDN_RG")) if (*e) s->gdn_rg = atoi(e);
@@ -876,11 +872,6 @@ static int64_t cuda_session_pos(const lilac_session *s) { return s->pos; }
 // (weight loads), and wait in pdl_wait() for the rest. Graph capture keeps it.
 template <typename... P, typename... A>
 static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b, size_t sm, A &&...a) {
-    if ((s->solo & 2) && s->one && g.x * g.y * g.z <= (unsigned)s->n_sm && sm < SOLO_SMEM) {
-        const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SOLO_SMEM);
-        if (e != cudaSuccess) return e;
-        sm = SOLO_SMEM;
-    }
     return launch_ex(s->st, s->pdl, k, g, b, sm, std::forward<A>(a)...);
 }
 
@@ -888,8 +879,7 @@ static cudaError_t pdl_launch(lilac_session *s, void (*k)(P...), dim3 g, dim3 b,
 // > 0: expert mode over topi.
 static int gemv(lilac_session *s, gemv_job &j, int xm, const float *x, int64_t ldx, int64_t xoff, const int *topi,
                 int x_div, int slots, lilac_err *err) {
-    CK(gemv_launch(s->st, s->pdl, j, xm, x, ldx, xoff, topi, x_div, slots, s->gemv_blocks,
-                   (s->solo & 1) && s->one ? s->n_sm : 0));
+    CK(gemv_launch(s->st, s->pdl, j, xm, x, ldx, xoff, topi, x_div, slots, s->gemv_blocks));
     return 0;
 }
 
@@ -1424,7 +1414,6 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const int64_t H = c->hidden;
     dmodel *D = s->D;
     s->pdl = T == 1 || s->prefill_pdl;
-    s->one = T == 1;
     prof_mark(s, PH_EMBED);
     pdl_launch(s, k_embed, dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, D->embed, s->d_ids, s->x);
     CKL();

@@ -351,12 +351,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
         }
     if (!routed) {
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
-#ifdef GEMV_WAIT_ONE // an experiment (docs/perf.md, run 151): warp 0 waits, the others at the block barrier
-        if (warp == 0) pdl_wait(); // (the predecessor's writes are then visible to the whole grid)
-        __syncthreads();
-#else
         pdl_wait();
-#endif
     } else {
         pdl_trigger();
     }
@@ -467,11 +462,8 @@ static cudaError_t gemv_go(cudaStream_t st, bool pdl, dim3 g, size_t sm, gemv_jo
     }
     return launch_ex(st, pdl, k_gemv<XM, NS>, g, dim3(GEMV_THREADS), sm, j, x, ldx, xoff, topi, x_div);
 }
-// Over half a SM's 227 KB of shared memory: a launch whose blocks take this much has at most one
-// of them on any SM (gemv_launch's solo; the backend's LILAC_SOLO experiment).
-#define SOLO_SMEM (116u << 10)
 static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, int xm, const float *x, int64_t ldx,
-                                      int64_t xoff, const int *topi, int x_div, int slots, int blocks, int solo = 0) {
+                                      int64_t xoff, const int *topi, int x_div, int slots, int blocks) {
     const int ns = gemv_ns(j.W[0].cols / 64), ys = slots > 0 ? slots : 1;
     int64_t sets = 0;
     for (int i = 0; i < j.n; i++) {
@@ -491,9 +483,7 @@ static inline cudaError_t gemv_launch(cudaStream_t st, bool pdl, gemv_job &j, in
     const dim3 g((unsigned)j.start[j.n], (unsigned)ys);
     bool packed = false; // weight stages only for jobs with a packed matrix (bf16 checkpoints have none)
     for (int i = 0; i < j.n; i++) packed |= j.W[i].pk != nullptr;
-    size_t sm = gemv_xsmem(cols) + (packed ? (size_t)j.stages * gemv_stage_u4(cols, ns) * 16 : 0);
-    // solo > 0: a grid of at most solo blocks (one a SM by design) padded so no SM gets two of them
-    if (solo > 0 && (int)(g.x * g.y) <= solo && sm < SOLO_SMEM) sm = SOLO_SMEM;
+    const size_t sm = gemv_xsmem(cols) + (packed ? (size_t)j.stages * gemv_stage_u4(cols, ns) * 16 : 0);
 #define GEMV_GO(XM, NS) return gemv_go<XM, NS>(st, pdl, g, sm, j, x, ldx, xoff, topi, x_div)
 #define GEMV_NS_SWITCH(XM)                 \
     switch (ns) {                          \
