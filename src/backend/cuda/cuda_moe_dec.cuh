@@ -109,12 +109,6 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
 #define MOE_SPLIT_WARPS 16
 #endif
 #define MOE_SPLIT_THREADS (32 * MOE_SPLIT_WARPS)
-// An experiment (docs/perf.md, run 151): where k_moe_split lets its successor launch. 0: at its start (the
-// next GEMV's blocks then copy their weights while the units' expert loads are in flight); 2: once a unit's
-// loads are issued; 3: once they have landed.
-#ifndef MOE_TRIGGER
-#define MOE_TRIGGER 0
-#endif
 __host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
     const size_t nrb = (size_t)((H + 15) / 16);
     const size_t routed = 16 * (size_t)(H / 4 + (H / 32 + 3) / 4) + nrb * 32 * 8 + nrb * 16 * 4;
@@ -151,7 +145,6 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
     // prof[i * gridDim.x + block] (6: the predecessor wait returned)
     auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
     mark(0);
-    if (MOE_TRIGGER == 0) pdl_trigger();
     if (u < nA) {
         pdl_wait(); // the router's logits and xn come from the previous kernel
         mark(6);
@@ -175,7 +168,9 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
         cp_async_commit();
-        if (MOE_TRIGGER == 2) pdl_trigger();
+        // the successor may launch once this unit's loads are asked for (at the kernel's start it was 0.8%
+        // slower at 4k: docs/perf.md, run 151)
+        pdl_trigger();
         mark(2);
         const float hsw = moe_a_swiglu(A, xa, H, &part[0][0], 17);
         if (warp == 0) { // lane j: dim 32c + j (gate = row block j/16, warps j/16 and +4; up two on)
@@ -189,7 +184,6 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
         }
         cp_async_wait<0>();
         __syncthreads();
-        if (MOE_TRIGGER == 3) pdl_trigger();
         mark(3);
         const float2 hs = make_float2(hsg[0], hsg[1]);
         // unrolled: the row blocks' products are independent chains of MMAs and shuffles
@@ -213,7 +207,7 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
                 if (lane < 16) cp_async4(ssb + (rb * NSG + gi) * 16 + lane, Ws.psb + (rb * ngs + G0 + gi) * 16 + lane, true);
             }
         cp_async_commit();
-        if (MOE_TRIGGER == 2) pdl_trigger();
+        pdl_trigger();
         pdl_wait(); // shgu and sg come from the previous kernel
         mark(6);
         mark(1);
@@ -232,7 +226,6 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
         mark(2);
         cp_async_wait<0>();
         __syncthreads();
-        if (MOE_TRIGGER == 3) pdl_trigger();
         mark(3);
         for (int64_t rb = warp; rb < nrb; rb += NW) {
             float y0 = 0.0f, y1 = 0.0f;
