@@ -210,11 +210,6 @@ __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
 // (One block of 512 threads a SM that staged the input once for two halves taking the sets
 // in turn, GEMV_WIDE, lost 1.4% at 4k against two of 256: docs/perf.md, run 131.)
 #define GEMV_THREADS 256
-// An experiment (docs/perf.md, session 33): where a one-token GEMV lets its successor launch.
-// 0: once its first weight copies are in flight; 1: once its input is staged (bench_phase's late trigger).
-#ifndef GEMV_TRIGGER
-#define GEMV_TRIGGER 0
-#endif
 // The weight stages' shared memory a block.
 #define GEMV_SMEM_STAGES (GEMV_MINB >= 3 ? 56u << 10 : 110u << 10)
 static inline int gemv_stages(int64_t cols, int ns) {
@@ -355,9 +350,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
             xu[u] = q < n4 ? __ldg((const float4 *)(job.gain + 4 * q)) : make_float4(0, 0, 0, 0);
         }
     if (!routed) {
-#if GEMV_TRIGGER == 0
         pdl_trigger(); // every block's first copies are in flight: the next kernel may start its own
-#endif
         pdl_wait();
     } else {
         pdl_trigger();
@@ -404,9 +397,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     }
     if (GEMV_SMARKS) gemv_mark(job.prof, 14); // thread 0's pieces written
     __syncthreads();
-#if GEMV_TRIGGER == 1
-    if (!routed) pdl_trigger();
-#endif
     gemv_mark(job.prof, 3);
 
     const int accum = job.accum[mi];
