@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
         cp_async_commit();
-        // the successor may launch once this unit's loads are asked for (at the kernel's start it was 0.8%
+        // the successor may launch once this unit's loads are asked for (at the kernel's start it was 0.9%
         // slower at 4k: docs/perf.md, run 151)
         pdl_trigger();
         mark(2);
