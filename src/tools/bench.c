@@ -110,7 +110,10 @@ int cmd_bench(int argc, char **argv) {
     lilac_model m;
     if (lilac_model_load(&m, model, &err) < 0) lilac_die("%s", err.msg);
     const int64_t V = m.cfg.vocab;
-    lilac_session *s = be->session_new(&m, max_len + steps + 2 + (getenv("LILAC_BENCH_TWO") ? 64 : 0), (int)threads, &err);
+    /* LILAC_BENCH_TWO (an experiment, docs/perf.md run 151): after each length's rounds, time forward() of one token
+     * and of two (what checking two drafted tokens costs through forward()'s many-token path); 51 more positions */
+    const bool two_tok = getenv("LILAC_BENCH_TWO") != NULL;
+    lilac_session *s = be->session_new(&m, max_len + steps + 2 + (two_tok ? 64 : 0), (int)threads, &err);
     if (!s) lilac_die("%s", err.msg);
 
     double bw = 0;
@@ -156,8 +159,7 @@ int cmd_bench(int argc, char **argv) {
             if (r > 0 && d != digest) digest_stable = false;
             digest = d;
         }
-        if (getenv("LILAC_BENCH_TWO")) { /* an experiment (docs/perf.md, run 151): what checking two drafted
-                                          * tokens would cost today, through forward()'s many-token path */
+        if (two_tok) {
             float *two = xmalloc(sizeof(float) * (size_t)V * 2);
             int32_t pair[2] = {1, 2};
             double tt[2];

@@ -68,6 +68,23 @@ def test_bench_json_and_digest(tiny, tmp_path):
         assert r["token_digest"] == "%016x" % fnv1a(toks[1:]), (toks, r["token_digest"])
 
 
+def test_bench_two_token_timing_leaves_the_decode_alone(tiny):
+    """LILAC_BENCH_TWO times forward() of one and two tokens after each length's rounds: a line per length, and
+    the next length's digest must be the one the plain bench gives (the extra positions must fit the session and
+    not leak into the next length's rounds)."""
+    lens = ["5", "17"]
+    base = [LILAC, "bench", "--model", str(tiny), "--backend", "cpu", "--prompt-lens", ",".join(lens),
+            "--decode-steps", "6", "--rounds", "1"]
+    plain = subprocess.run(base, capture_output=True, text=True, timeout=600)
+    two = subprocess.run(base, capture_output=True, text=True, timeout=600, env={**os.environ, "LILAC_BENCH_TWO": "1"})
+    assert plain.returncode == 0 and two.returncode == 0, (plain.stderr, two.stderr)
+    timing = [l.split() for l in two.stdout.splitlines() if "forward() of one token" in l]
+    assert [t[0] for t in timing] == lens, two.stdout
+    digests = lambda out: [l.split()[-1] for l in out.splitlines() if l.split() and l.split()[0] in lens
+                           and "forward()" not in l]
+    assert digests(two.stdout) == digests(plain.stdout) and len(digests(plain.stdout)) == 2, (plain.stdout, two.stdout)
+
+
 def test_bench_rejects_bad_options(tiny):
     for bad in (["--rounds", "0"], ["--prompt-lens", "12,x"]):
         p = subprocess.run([LILAC, "bench", "--model", str(tiny), "--backend", "cpu", *bad], capture_output=True,
