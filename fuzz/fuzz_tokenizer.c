@@ -3,7 +3,7 @@
  * The first byte picks the target; the rest is its input:
  *   0: a tokenizer.json image (loaded, then used on a short text);
  *   1: text, encoded in all three modes with the real Qwen3 tokenizer
- *      (../shared; a small built-in one if absent): invalid UTF-8 must be an
+ *      (tests/data; a small built-in one if absent): invalid UTF-8 must be an
  *      error, ASCII must round-trip exactly, streaming detokenisation must
  *      equal whole decoding;
  *   2: a messages JSON, rendered and tokenised the safe way.
@@ -28,7 +28,7 @@ static lilac_tokenizer *real_tok(void) {
     if (!tried) {
         tried = 1;
         lilac_err e;
-        t = lilac_tok_load("../shared/tokenizers/qwen3/tokenizer.json", &e);
+        t = lilac_tok_load("tests/data/tokenizers/qwen3/tokenizer.json", &e);
         if (!t) t = lilac_tok_load_mem(TINY, strlen(TINY), &e);
         REQUIRE(t != NULL);
     }

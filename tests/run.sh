@@ -11,13 +11,36 @@ set -u
 cd "$(dirname "$0")/.."
 TOTAL_P=0; TOTAL_F=0
 LOG=build/test-logs; mkdir -p "$LOG"
+# Every suite runs under a timeout: a hang is a failure with the suite's name, not a stalled run.
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-1500}
+
+# A tool the suites need that is missing is a failure, never a silent skip.
+require() {  # name test-command...
+    local name=$1; shift
+    if ! "$@" >/dev/null 2>&1; then
+        TOTAL_F=$((TOTAL_F + 1)); printf '%-44s %4s passed %4s failed\n' "$name" 0 1
+        echo "   | missing: $*"
+        return 1
+    fi
+}
+
+# The repository is self-contained: under CI, .ci/run mounts the clone where it has no sibling
+# folders, and this proves that it did (every suite below then runs without ../shared).
+if [ "${CI:-}" = true ]; then
+    sib=$(ls -A .. | grep -vx "$(basename "$PWD")" | head -n 3)
+    if [ -z "$sib" ]; then TOTAL_P=$((TOTAL_P + 1)); printf '%-44s %4s passed %4s failed\n' repo/no-siblings 1 0
+    else TOTAL_F=$((TOTAL_F + 1)); printf '%-44s %4s passed %4s failed\n' repo/no-siblings 0 1; echo "   | beside the repo: $sib"; fi
+fi
 
 tally() {  # name rc logfile
-    local name=$1 rc=$2 log=$3 p f line
+    local name=$1 rc=$2 log=$3 p f e line
     line=$(grep -E '[0-9]+ passed' "$log" | tail -n 1)
     p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' || true)
     f=$(echo "$line" | grep -oE '[0-9]+ failed' | grep -oE '[0-9]+' || true)
-    p=${p:-0}; f=${f:-0}
+    # pytest's errors (a fixture or a collection that broke) are failures too
+    e=$(grep -E '[0-9]+ errors?( |$|,)' "$log" | tail -n 1 | grep -oE '[0-9]+ errors?' | grep -oE '[0-9]+' || true)
+    p=${p:-0}; f=$(( ${f:-0} + ${e:-0} ))
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then f=$((f + 1)); echo "   (timed out after ${SUITE_TIMEOUT}s)" >>"$log"; fi
     if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; fi
     if [ -z "$line" ] && [ "$rc" = 0 ]; then f=1; echo "   (no summary line)"; fi
     TOTAL_P=$((TOTAL_P + p)); TOTAL_F=$((TOTAL_F + f))
@@ -28,7 +51,7 @@ tally() {  # name rc logfile
 run_suite() {  # name cmd...
     local name=$1; shift
     local log="$LOG/$(echo "$name" | tr '/ ' '__').log"
-    "$@" >"$log" 2>&1; tally "$name" $? "$log"
+    timeout --kill-after=20 "$SUITE_TIMEOUT" "$@" >"$log" 2>&1; tally "$name" $? "$log"
 }
 
 for b in build/tests/test_*; do
@@ -45,7 +68,7 @@ for b in build/fuzz/fuzz_*; do
 done
 # The device sampler's kernels (src/backend/cuda/cuda_sample.cu) on the CPU, through the
 # CUDA emulator of tests/cuda/emu: draw for draw against the host sampler, without a GPU.
-if command -v g++ >/dev/null && [ -f build/src/engine/sampler.o ]; then
+if require "emu/g++" command -v g++ && [ -f build/src/engine/sampler.o ]; then
     run_suite "emu/test_sample" bash -c "g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
         build/src/engine/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
@@ -96,7 +119,7 @@ if command -v g++ >/dev/null; then
         -x c++ tests/cuda/emu/test_moe_split_emu.cc -lm -o build/test_moe_split_emu && build/test_moe_split_emu && \
         CUEMU_SHUFFLE=1 build/test_moe_split_emu"
 fi
-if [ -x .venv/bin/python ]; then
+if require "py/.venv" test -x .venv/bin/python; then
     for t in $(find tests -name 'test_*.py' | sort); do
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"
     done

@@ -1,7 +1,7 @@
 /* demo_template.h — the official Qwen3.6-35B-A3B chat_template.jinja (Apache-2.0,
  * 7764 bytes, sha256 e84f32a2...574259), embedded so `lilac demo` can write a model
  * directory that carries the same template as the real checkpoint. Generated from
- * ../shared/templates/qwen3.6/chat_template.jinja; do not edit. */
+ * tests/data/templates/qwen3.6/chat_template.jinja; do not edit. */
 #ifndef LILAC_DEMO_TEMPLATE_H
 #define LILAC_DEMO_TEMPLATE_H
 

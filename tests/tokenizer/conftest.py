@@ -9,9 +9,9 @@ import sys
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
-QWEN3_TOK = os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer.json")
-TEMPLATE_DIR = os.path.join(SHARED, "templates", "qwen3.6")
+DATA = os.path.join(ROOT, "tests", "data")
+QWEN3_TOK = os.path.join(DATA, "tokenizers", "qwen3", "tokenizer.json")
+TEMPLATE_DIR = os.path.join(DATA, "templates", "qwen3.6")
 GEN = os.path.join(ROOT, "tests", "fixtures", "gen")
 os.makedirs(GEN, exist_ok=True)
 
@@ -42,7 +42,7 @@ def _write_json(path, obj):
 @pytest.fixture(scope="session")
 def tokenizer_files():
     """name -> path: the real Qwen3 tokenizer.json and copies derived from it."""
-    assert os.path.isfile(QWEN3_TOK), f"missing {QWEN3_TOK} (the shared/ folder beside the repo)"
+    assert os.path.isfile(QWEN3_TOK), f"missing {QWEN3_TOK}"
     os.makedirs(GEN, exist_ok=True)
     base = json.load(open(QWEN3_TOK, encoding="utf-8"))
     out = {"qwen3": QWEN3_TOK}

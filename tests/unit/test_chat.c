@@ -94,7 +94,7 @@ static void test_errors(void) {
 
 static void test_safe_encode(void) {
     lilac_err e = {{0}};
-    lilac_tokenizer *t = lilac_tok_load("../shared/tokenizers/qwen3/tokenizer.json", &e);
+    lilac_tokenizer *t = lilac_tok_load("tests/data/tokenizers/qwen3/tokenizer.json", &e);
     CHECKF(t, "%s", e.msg);
     if (!t) return;
     lilac_prompt p;
@@ -115,7 +115,7 @@ static void test_safe_encode(void) {
 
 static void test_template_hash(void) {
     lilac_err w = {{0}};
-    CHECK(lilac_chat_check_template("../shared/templates/qwen3.6", &w) == 0);
+    CHECK(lilac_chat_check_template("tests/data/templates/qwen3.6", &w) == 0);
     CHECK(lilac_chat_check_template("/nonexistent-dir", &w) == 1 && strstr(w.msg, "no chat template"));
 }
 

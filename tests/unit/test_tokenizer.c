@@ -1,7 +1,7 @@
 /* test_tokenizer.c — unit tests of src/tokenizer: UTF-8 helpers, a small
  * hand-made tokenizer.json (merge order, added tokens, masks), the BPE
  * algorithms against each other, streaming detokenisation, and the real Qwen3
- * tokenizer (../shared) on a few known strings and a long single-letter run. */
+ * tokenizer (tests/data) on a few known strings and a long single-letter run. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +11,7 @@
 
 extern int lilac_tok_bpe_force_;
 
-static const char *QWEN3 = "../shared/tokenizers/qwen3/tokenizer.json";
+static const char *QWEN3 = "tests/data/tokenizers/qwen3/tokenizer.json";
 
 /* A tiny byte-level BPE: letters a, b, c, space (Ġ), merges a+b, ab+c, a+a, aa+aa. */
 static const char *TINY =
