@@ -12,6 +12,7 @@
 
 #include "../backend/backend.h"
 #include "../cli/commands.h"
+#include "../util/diag.h"
 
 typedef struct {
     int n, cap;
@@ -112,7 +113,7 @@ int cmd_bench(int argc, char **argv) {
     const int64_t V = m.cfg.vocab;
     /* LILAC_BENCH_TWO (an experiment, docs/perf.md run 151): after each length's rounds, time forward() of one token
      * and of two (what checking two drafted tokens costs through forward()'s many-token path); 51 more positions */
-    const bool two_tok = getenv("LILAC_BENCH_TWO") != NULL;
+    const bool two_tok = lilac_diag()->bench_two;
     lilac_session *s = be->session_new(&m, max_len + steps + 2 + (two_tok ? 64 : 0), (int)threads, &err);
     if (!s) lilac_die("%s", err.msg);
 
@@ -145,7 +146,7 @@ int cmd_bench(int argc, char **argv) {
             int32_t first = 0;
             for (int64_t i = 1; i < V; i++) if (logits[i] > logits[first]) first = (int32_t)i;
             double t1 = lilac_now();
-            if (r < 0 && getenv("LILAC_PROFILE")) { /* one un-graphed decode step, for the phase profile */
+            if (r < 0 && lilac_diag()->profile) { /* one un-graphed decode step, for the phase profile */
                 if (be->forward(s, &first, 1, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
                 continue;
             }

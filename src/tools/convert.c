@@ -45,6 +45,7 @@
 #include "../model/config.h"
 #include "../model/quantize.h"
 #include "../model/safetensors.h"
+#include "../util/diag.h"
 #include "convert.h"
 
 
@@ -1071,8 +1072,7 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         unsigned long long avail = 0;
         if (statvfs(tmp, &vfs) == 0) avail = (unsigned long long)vfs.f_bavail * vfs.f_frsize;
         else avail = (unsigned long long)-1;
-        const char *fake = getenv("LILAC_CONVERT_FREE_BYTES"); /* test hook */
-        if (fake && *fake) avail = strtoull(fake, NULL, 10);
+        if (lilac_diag()->convert_free_bytes) avail = strtoull(lilac_diag()->convert_free_bytes, NULL, 10);
         if (avail < need) {
             lilac_fail(err, "convert: not enough free disk space for %s: the output needs %.2f GB, %.2f GB are free", to,
                        need / 1e9, avail / 1e9);
@@ -1128,7 +1128,7 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
     /* The work. */
     progress pg = {.t0 = lilac_now(), .total = P.in_total, .tty = isatty(2), .quiet = opt->quiet};
     pg.last = pg.t0;
-    const long die_after = getenv("LILAC_CONVERT_DIE_AFTER") ? atol(getenv("LILAC_CONVERT_DIE_AFTER")) : -1; /* test hook */
+    const long die_after = lilac_diag()->convert_die_after;
     long units_done = 0;
     /* Default: every core, and at least 4 threads so that reads overlap compute on small machines
      * (measured: 2 cores, 4 threads 31 s vs 2 threads 46 s for 15.5 GB, docs/perf.md). */
