@@ -20,7 +20,7 @@ typedef struct {
 
 static bool common_opt(int argc, char **argv, int *i, model_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
-           opt_int(argc, argv, i, "--threads", &o->threads) || opt_flag(argc, argv, i, "--quantize", &o->quantize);
+           opt_range(argc, argv, i, "--threads", 1, OPT_MAX_THREADS, &o->threads) || opt_flag(argc, argv, i, "--quantize", &o->quantize);
 }
 
 static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lilac_backend **be) {
@@ -218,7 +218,7 @@ int cmd_generate(int argc, char **argv) {
         if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
             !opt_str(argc, argv, &i, "--prompt", &text) && !opt_flag(argc, argv, &i, "--chat", &chat) &&
             !opt_flag(argc, argv, &i, "--no-thinking", &no_think) &&
-            !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
+            !opt_range(argc, argv, &i, "--max-tokens", 0, 1L << 24, &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
             !opt_flag(argc, argv, &i, "--timing", &timing))
             opt_unknown("generate", argv[i]);
     if (!ids_s == !text)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "../chat/chat.h"
@@ -42,9 +43,11 @@ typedef struct {
 
 static bool engine_opt(int argc, char **argv, int *i, engine_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
-           opt_int(argc, argv, i, "--threads", &o->threads) || opt_int(argc, argv, i, "--max-seq", &o->max_seq) ||
-           opt_int(argc, argv, i, "--parallel", &o->parallel) || opt_int(argc, argv, i, "--queue", &o->queue) ||
-           opt_int(argc, argv, i, "--prefill-chunk", &o->prefill_chunk) ||
+           opt_range(argc, argv, i, "--threads", 1, OPT_MAX_THREADS, &o->threads) ||
+           opt_range(argc, argv, i, "--max-seq", 1, 1L << 30, &o->max_seq) ||
+           opt_range(argc, argv, i, "--parallel", 1, 64, &o->parallel) ||
+           opt_range(argc, argv, i, "--queue", 1, 1L << 20, &o->queue) ||
+           opt_range(argc, argv, i, "--prefill-chunk", 1, 1L << 20, &o->prefill_chunk) ||
            opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every);
 }
 
@@ -59,9 +62,6 @@ static void add_eos(loaded *L, int32_t id) {
 /* Load model, tokenizer and generation defaults; start the engine. */
 static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) {
     memset(L, 0, sizeof *L);
-    if (o->threads < 0) return lilac_fail(err, "%s: --threads must be positive", cmd);
-    if (o->parallel < 0 || o->parallel > 64) return lilac_fail(err, "%s: --parallel must be in 1..64", cmd);
-    if (o->max_seq < 0) return lilac_fail(err, "%s: --max-seq must be positive", cmd);
     double cache_mb = 2048;
     long every = 256;
     if (o->cache_mb) {
@@ -124,20 +124,74 @@ static void unload(loaded *L) {
 
 /* ---- serve ---------------------------------------------------------------------- */
 
+/* The API keys: comma-separated, each trimmed of surrounding blanks; an empty key
+ * (an empty --api-key or $LILAC_API_KEY, e.g. an unset shell variable, or an
+ * empty list entry) or one with a blank or control byte inside dies: a key that
+ * silently disables auth or can never match must not start a server. */
+static char *normalize_keys(const char *cmd, const char *from, const char *keys) {
+    sbuf b = {0};
+    const char *k = keys;
+    for (;;) {
+        const char *end = strchr(k, ',');
+        size_t n = end ? (size_t)(end - k) : strlen(k);
+        while (n && (*k == ' ' || *k == '\t')) k++, n--;
+        while (n && (k[n - 1] == ' ' || k[n - 1] == '\t')) n--;
+        if (!n) lilac_die("%s: %s holds an empty API key; give non-empty keys (comma-separated) or leave it unset", cmd, from);
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)k[i] <= 0x20 || (unsigned char)k[i] == 0x7f)
+                lilac_die("%s: %s: an API key must not contain blanks or control characters", cmd, from);
+        if (b.n) sb_putc(&b, ',');
+        sb_put(&b, k, n);
+        if (!end) break;
+        k = end + 1;
+    }
+    return b.p;
+}
+
+/* Connections need descriptors: raise the soft limit to the hard one, and keep
+ * --max-conns below it. */
+static void fit_fd_limit(const char *cmd, srv_options *so) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)so->max_conns + 64 > rl.rlim_cur) {
+        long fit = rl.rlim_cur > 128 ? (long)rl.rlim_cur - 64 : 64;
+        fprintf(stderr, "lilac %s: warning: the descriptor limit is %llu: --max-conns lowered from %d to %ld\n", cmd,
+                (unsigned long long)rl.rlim_cur, so->max_conns, fit);
+        so->max_conns = (int)fit;
+    }
+}
+
 static int serve_main(const char *cmd, int argc, char **argv, const char *model_dir) {
     engine_opts eo = {0};
     srv_options so;
     srv_options_default(&so);
-    long port = so.port, max_body = (long)so.max_body, timeout = so.timeout_s, ping_ms = -1;
-    const char *reasoning = NULL, *ping = NULL;
+    long port = so.port, max_body = (long)so.max_body, timeout = so.timeout_s, max_conns = so.max_conns,
+         per_client = so.max_conns_per_client, header_to = so.header_timeout_s, body_to = so.body_timeout_s,
+         json_values = (long)so.max_json_values, max_tokenize = 0;
+    double ping = so.ping_s;
+    const char *reasoning = NULL;
     bool test_hooks = false, no_dc = false, quiet = false, strict = false;
     for (int i = 1; i < argc; i++) {
         if (engine_opt(argc, argv, &i, &eo) || opt_str(argc, argv, &i, "--host", &so.host) ||
-            opt_int(argc, argv, &i, "--port", &port) || opt_str(argc, argv, &i, "--api-key", &so.api_key) ||
+            opt_range(argc, argv, &i, "--port", 0, 65535, &port) || opt_str(argc, argv, &i, "--api-key", &so.api_key) ||
             opt_str(argc, argv, &i, "--cors-origin", &so.cors_origin) || opt_str(argc, argv, &i, "--alias", &so.alias) ||
-            opt_int(argc, argv, &i, "--max-body", &max_body) || opt_str(argc, argv, &i, "--ping", &ping) ||
-            opt_int(argc, argv, &i, "--timeout", &timeout) || opt_str(argc, argv, &i, "--reasoning-field", &reasoning) ||
-            opt_flag(argc, argv, &i, "--test-hooks", &test_hooks) ||
+            opt_range(argc, argv, &i, "--max-body", 1024, 1L << 30, &max_body) ||
+            opt_real(argc, argv, &i, "--ping", 0, 3600, &ping) ||
+            opt_range(argc, argv, &i, "--timeout", 1, 86400, &timeout) ||
+            opt_range(argc, argv, &i, "--max-conns", 1, 1L << 20, &max_conns) ||
+            opt_range(argc, argv, &i, "--max-conns-per-client", 1, 1L << 20, &per_client) ||
+            opt_range(argc, argv, &i, "--header-timeout", 1, 3600, &header_to) ||
+            opt_range(argc, argv, &i, "--body-timeout", 1, 86400, &body_to) ||
+            opt_range(argc, argv, &i, "--max-json-values", 1024, 1L << 30, &json_values) ||
+            opt_range(argc, argv, &i, "--max-tokenize", 1, 1L << 30, &max_tokenize) ||
+            opt_str(argc, argv, &i, "--allowed-hosts", &so.allowed_hosts) ||
+            opt_flag(argc, argv, &i, "--metrics-public", &so.metrics_public) ||
+            opt_str(argc, argv, &i, "--reasoning-field", &reasoning) || opt_flag(argc, argv, &i, "--test-hooks", &test_hooks) ||
             opt_flag(argc, argv, &i, "--no-disconnect-check", &no_dc) || opt_flag(argc, argv, &i, "--quiet", &quiet) ||
             opt_flag(argc, argv, &i, "--strict-model", &strict))
             continue;
@@ -150,17 +204,19 @@ static int serve_main(const char *cmd, int argc, char **argv, const char *model_
     if (model_dir) eo.model = model_dir;
     if (!eo.model) eo.model = getenv("LILAC_MODEL");
     if (!eo.model) lilac_die("%s: %s", cmd, NO_MODEL);
-    if (!so.api_key) so.api_key = getenv("LILAC_API_KEY");
-    if (port < 0 || port > 65535) lilac_die("%s: --port must be in 0..65535", cmd);
-    if (max_body < 1024) lilac_die("%s: --max-body must be at least 1024 bytes", cmd);
-    if (timeout < 1) lilac_die("%s: --timeout must be >= 1 second", cmd);
-    if (ping) {
-        char *end;
-        double p = strtod(ping, &end);
-        if (*end || p < 0) lilac_die("%s: --ping expects seconds (0 disables)", cmd);
-        so.ping_s = p;
-    }
-    (void)ping_ms;
+    char *keys = NULL;
+    if (so.api_key) keys = normalize_keys(cmd, "--api-key", so.api_key);
+    else if (getenv("LILAC_API_KEY")) keys = normalize_keys(cmd, "LILAC_API_KEY", getenv("LILAC_API_KEY"));
+    so.api_key = keys;
+    if (so.allowed_hosts && !so.allowed_hosts[0]) lilac_die("%s: --allowed-hosts needs names (or *)", cmd);
+    so.ping_s = ping;
+    so.max_conns = (int)max_conns;
+    so.max_conns_per_client = (int)per_client;
+    so.header_timeout_s = (int)header_to;
+    so.body_timeout_s = (int)body_to;
+    so.max_json_values = (size_t)json_values;
+    so.max_tokenize = max_tokenize;
+    fit_fd_limit(cmd, &so);
     if (reasoning) {
         if (!strcmp(reasoning, "reasoning_content")) so.reasoning = REASONING_CONTENT;
         else if (!strcmp(reasoning, "reasoning")) so.reasoning = REASONING_FIELD;
@@ -211,6 +267,7 @@ static int serve_main(const char *cmd, int argc, char **argv, const char *model_
     fprintf(stderr, "lilac %s: %s received, shutting down\n", cmd, sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv_stop(S);
     unload(&L);
+    free(keys);
     return 0;
 }
 
@@ -342,11 +399,12 @@ static char *read_message(void) {
 int cmd_chat(int argc, char **argv) {
     engine_opts eo = {0};
     long max_tokens = 4096;
-    const char *temp = NULL, *system = NULL;
+    double temp = -1;
+    const char *system = NULL;
     bool no_think = false;
     for (int i = 1; i < argc; i++)
-        if (!engine_opt(argc, argv, &i, &eo) && !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) &&
-            !opt_str(argc, argv, &i, "--temperature", &temp) && !opt_str(argc, argv, &i, "--system", &system) &&
+        if (!engine_opt(argc, argv, &i, &eo) && !opt_range(argc, argv, &i, "--max-tokens", 1, 1L << 30, &max_tokens) &&
+            !opt_real(argc, argv, &i, "--temperature", 0, 100, &temp) && !opt_str(argc, argv, &i, "--system", &system) &&
             !opt_flag(argc, argv, &i, "--no-think", &no_think))
             opt_unknown("chat", argv[i]);
     if (!eo.model) eo.model = getenv("LILAC_MODEL");
@@ -357,7 +415,7 @@ int cmd_chat(int argc, char **argv) {
     lilac_err err = {{0}};
     if (load_all("chat", &eo, &L, &err) < 0) lilac_die("%s", err.msg);
     lilac_sampling samp = L.defaults;
-    if (temp) samp.temperature = (float)atof(temp);
+    if (temp >= 0) samp.temperature = (float)temp;
     bool tty = isatty(1);
     bool think = !no_think;
     json_t *msgs = json_array();

@@ -24,6 +24,12 @@ int cmd_convert(int argc, char **argv);
  * (--name V or --name=V) into *out and return true. Dies on a missing value. */
 bool opt_str(int argc, char **argv, int *i, const char *name, const char **out);
 bool opt_int(int argc, char **argv, int *i, const char *name, long *out);
+/* The same, dying with the range unless the value is an integer in lo..hi (a
+ * number in lo..hi for opt_real): flags are checked before any cast. */
+bool opt_range(int argc, char **argv, int *i, const char *name, long lo, long hi, long *out);
+bool opt_real(int argc, char **argv, int *i, const char *name, double lo, double hi, double *out);
+/* Most threads any command accepts (--threads). */
+#define OPT_MAX_THREADS 1024
 bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out);
 /* Dies with "unknown option" naming the command. */
 _Noreturn void opt_unknown(const char *cmd, const char *word);

@@ -7,8 +7,10 @@
 #include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <strings.h>
 #include <poll.h>
+#include <pthread.h>
+#include <strings.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +33,13 @@ struct srv {
     atomic_ullong http_requests, http_errors;
     atomic_ullong next_id;
     atomic_int active; /* requests between their first byte and completion */
+    char *allowed_hosts; /* effective Host allowlist (owned) */
+    /* deadlines: every open connection, checked by the watchdog thread */
+    pthread_mutex_t track_mu;
+    pthread_cond_t track_cv;
+    struct track *tracks;
+    pthread_t watchdog;
+    bool watchdog_started, watchdog_stop;
 };
 
 void srv_options_default(srv_options *o) {
@@ -41,7 +50,11 @@ void srv_options_default(srv_options *o) {
     o->max_body = 32u << 20;
     o->ping_s = 5;
     o->timeout_s = 60;
-    o->max_conns = 512;
+    o->max_conns = 1024;
+    o->max_conns_per_client = 128;
+    o->header_timeout_s = 10;
+    o->body_timeout_s = 60;
+    o->max_json_values = SRV_JSON_MAX_VALUES;
     o->reasoning = REASONING_CONTENT;
     o->disconnect_check = true;
 }
@@ -51,9 +64,22 @@ void srv_options_default(srv_options *o) {
 typedef struct {
     srv *S;
     sbuf body;
-    bool too_big, responded;
+    int route;
+    bool responded;
     eng_job *job; /* a reference, so the completion callback can cancel it */
 } conn_ctx;
+
+/* One open connection (MHD's socket context), in S->tracks under track_mu.
+ * MHD has only an inactivity timeout, which each trickled byte resets; the
+ * watchdog closes a connection whose headers or body are not complete by an
+ * absolute deadline. MHD calls the CLOSED notification before it closes the
+ * socket, so under track_mu the fd is never one that was reused. */
+typedef struct track {
+    struct track *prev, *next;
+    int fd;
+    double deadline; /* lilac_now() seconds; 0: none (a request is being answered) */
+    bool body_phase; /* the deadline is the body's */
+} track;
 
 /* ---- small helpers ------------------------------------------------------------- */
 
@@ -120,12 +146,15 @@ static enum MHD_Result fail(srv *S, struct MHD_Connection *c, int status, const 
     return send_error(S, c, &e);
 }
 
-/* Has the peer closed its side (or the socket failed)? */
-static bool peer_gone(int fd) {
+/* Has the connection been reset (or failed)? A half-close is not a disconnect:
+ * a client that shuts down its sending side (`nc -N`, some HTTP/1.0 clients)
+ * still reads its answer. A peer that closed without a reset is found by the
+ * next write: its reset makes that write, or the probe after it, fail. */
+static bool peer_reset(int fd) {
     if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    struct pollfd p = {.fd = fd, .events = 0};
     if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    return (p.revents & (POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 static int conn_fd(struct MHD_Connection *c) {
@@ -136,7 +165,9 @@ static int conn_fd(struct MHD_Connection *c) {
 /* Constant-time comparison of a presented key against each configured key. */
 static bool key_ok(const char *keys, const char *given) {
     if (!given) return false;
+    while (*given == ' ' || *given == '\t') given++; /* keys are trimmed at start-up; so is the presented one */
     size_t gl = strlen(given);
+    while (gl && (given[gl - 1] == ' ' || given[gl - 1] == '\t')) gl--;
     bool ok = false;
     const char *k = keys;
     while (*k) {
@@ -155,9 +186,7 @@ static bool authorized(srv *S, struct MHD_Connection *c) {
     if (!S->o.api_key || !S->o.api_key[0]) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (h && !strncasecmp(h, "Bearer ", 7)) {
-        h += 7;
-        while (*h == ' ') h++;
-        if (key_ok(S->o.api_key, h)) return true;
+        if (key_ok(S->o.api_key, h + 7)) return true;
     }
     const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     return key_ok(S->o.api_key, x);
@@ -428,7 +457,7 @@ static bool wait_done(srv *S, eng_job *j, int fd) {
     pthread_mutex_lock(&j->mu);
     while (j->state != JOB_DONE) {
         eng_job_wait(j, 0.05);
-        if (j->state != JOB_DONE && S->o.disconnect_check && peer_gone(fd)) {
+        if (j->state != JOB_DONE && S->o.disconnect_check && peer_reset(fd)) {
             pthread_mutex_unlock(&j->mu);
             eng_job_cancel(j);
             return false;
@@ -685,7 +714,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         if (st->ended) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (st->S->o.disconnect_check && peer_gone(st->fd)) {
+        if (st->S->o.disconnect_check && peer_reset(st->fd)) {
             eng_job_cancel(st->job);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -855,6 +884,13 @@ static enum MHD_Result handle_tokenize(srv *S, struct MHD_Connection *c, conn_ct
         srv_bad(&e, "content", "'content' (or 'prompt', or 'messages') is required and must be a string");
         goto fail;
     }
+    /* the answer is bounded: at most a context's worth of tokens (or --max-tokenize) */
+    long cap = S->o.max_tokenize > 0 ? S->o.max_tokenize : (long)S->b.max_seq;
+    if ((long)ids.n > cap) {
+        srv_err(&e, 400, "exceed_context_size_error", "content", "context_length_exceeded",
+                "the text is %zu tokens; /tokenize answers at most %ld (the context length, or --max-tokenize)", ids.n, cap);
+        goto fail;
+    }
     sbuf b = {0};
     sb_puts(&b, "{\"tokens\":[");
     for (size_t i = 0; i < ids.n; i++) {
@@ -965,45 +1001,143 @@ static int route(const char *url, bool *post) {
     return R_NONE;
 }
 
-static enum MHD_Result dispatch(srv *S, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method) {
-    atomic_fetch_add(&S->http_requests, 1);
+/* ---- deadlines -------------------------------------------------------------------------- */
+
+static track *conn_track(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* deadline_s > 0: a deadline that many seconds from now; 0: none. */
+static void track_set(srv *S, struct MHD_Connection *c, double deadline_s, bool body_phase) {
+    track *t = conn_track(c);
+    if (!t) return;
+    pthread_mutex_lock(&S->track_mu);
+    t->deadline = deadline_s > 0 ? lilac_now() + deadline_s : 0;
+    t->body_phase = body_phase;
+    pthread_mutex_unlock(&S->track_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
+    srv *S = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        track *t = xcalloc(1, sizeof *t);
+        t->fd = conn_fd(c);
+        t->deadline = lilac_now() + S->o.header_timeout_s;
+        pthread_mutex_lock(&S->track_mu);
+        t->next = S->tracks;
+        if (S->tracks) S->tracks->prev = t;
+        S->tracks = t;
+        pthread_mutex_unlock(&S->track_mu);
+        *socket_context = t;
+    } else if (*socket_context) {
+        track *t = *socket_context;
+        pthread_mutex_lock(&S->track_mu);
+        if (t->prev) t->prev->next = t->next;
+        else S->tracks = t->next;
+        if (t->next) t->next->prev = t->prev;
+        pthread_mutex_unlock(&S->track_mu);
+        free(t);
+        *socket_context = NULL;
+    }
+}
+
+/* Close connections past their deadline: a 408 (the connection is only reading,
+ * so nothing else writes to it), then shutdown(), which MHD's thread sees as the
+ * end of the connection. */
+static void *watchdog_main(void *arg) {
+    srv *S = arg;
+    static const char B408[] = "{\"error\":{\"message\":\"the request did not arrive in time\",\"type\":"
+                               "\"invalid_request_error\",\"param\":null,\"code\":408}}";
+    char R408[320];
+    int n408 = snprintf(R408, sizeof R408,
+                        "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                        "Content-Length: %zu\r\n\r\n%s", sizeof B408 - 1, B408);
+    pthread_mutex_lock(&S->track_mu);
+    while (!S->watchdog_stop) {
+        double now = lilac_now();
+        for (track *t = S->tracks; t; t = t->next)
+            if (t->deadline > 0 && now > t->deadline) {
+                t->deadline = 0;
+                if (send(t->fd, R408, (size_t)n408, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) { /* nothing to do */
+                }
+                shutdown(t->fd, SHUT_RDWR);
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 200 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&S->track_cv, &S->track_mu, &ts);
+    }
+    pthread_mutex_unlock(&S->track_mu);
+    return NULL;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------ */
+
+static enum MHD_Result preflight(srv *S, struct MHD_Connection *c) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    if (S->o.cors_origin) {
+        add_cors(S, c, r);
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    enum MHD_Result ok = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* Everything decided from the request line and headers, before any body byte is
+ * read: protocol, Host, route, method, API key, Content-Type, Content-Length.
+ * Returns 0 to go on (cc->route set), or fills e (or *pre for a CORS preflight). */
+static int gate(srv *S, struct MHD_Connection *c, conn_ctx *cc, const char *url, const char *method, const char *version,
+                bool *pre, srv_error *e) {
+    const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+    if (!host && !strcmp(version, MHD_HTTP_VERSION_1_1))
+        return srv_bad(e, NULL, "an HTTP/1.1 request needs a Host header");
+    if (S->allowed_hosts && !srv_host_allowed(host, S->allowed_hosts))
+        return srv_err(e, 403, "permission_error", NULL, "host_not_allowed",
+                       "the Host header '%.100s' is not allowed (see --allowed-hosts)", host ? host : "");
     if (!strcmp(method, "OPTIONS")) {
-        struct MHD_Response *r = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
-        if (!r) return MHD_NO;
-        if (S->o.cors_origin) {
-            add_cors(S, c, r);
-            MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-            MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type, x-api-key");
-            MHD_add_response_header(r, "Access-Control-Max-Age", "600");
-        }
-        enum MHD_Result ok = MHD_queue_response(c, 204, r);
-        MHD_destroy_response(r);
-        return ok;
+        *pre = true;
+        return 0;
     }
     bool post = false;
     int rt = route(url, &post);
-    if (rt == R_NONE) return fail(S, c, 404, "not_found_error", NULL, NULL, "no such endpoint");
+    if (rt == R_NONE) return srv_err(e, 404, "not_found_error", NULL, NULL, "no such endpoint");
     bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
-    if ((post && strcmp(method, "POST")) || (!post && !is_get)) {
-        srv_error e;
-        srv_err(&e, 405, "invalid_request_error", NULL, NULL, "method %.20s is not allowed here; use %s", method,
-                post ? "POST" : "GET");
-        return send_error(S, c, &e);
+    if ((post && strcmp(method, "POST")) || (!post && !is_get))
+        return srv_err(e, 405, "invalid_request_error", NULL, NULL, "method %.20s is not allowed here; use %s", method,
+                       post ? "POST" : "GET");
+    bool public = rt == R_HEALTH || rt == R_MODELS || (rt == R_METRICS && S->o.metrics_public);
+    if (!public && !authorized(S, c))
+        return srv_err(e, 401, "authentication_error", NULL, "invalid_api_key", "Invalid API Key");
+    if (post && !srv_ctype_json(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type")))
+        return srv_err(e, 415, "invalid_request_error", NULL, "unsupported_media_type",
+                       "the request body must be JSON sent with 'Content-Type: application/json'");
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(cl, &end, 10);
+        if (errno || *end || n > S->o.max_body)
+            return srv_err(e, 413, "invalid_request_error", NULL, "request_too_large", "the request body exceeds %zu bytes",
+                           S->o.max_body);
     }
-    if (cc->too_big) {
-        srv_error e;
-        srv_err(&e, 413, "invalid_request_error", NULL, "request_too_large", "the request body exceeds %zu bytes",
-                S->o.max_body);
-        return send_error(S, c, &e);
-    }
-    int ready = atomic_load(&S->ready);
+    cc->route = rt;
+    return 0;
+}
+
+static enum MHD_Result dispatch(srv *S, struct MHD_Connection *c, conn_ctx *cc) {
+    int rt = cc->route, ready = atomic_load(&S->ready);
     if (rt == R_HEALTH) {
         if (ready == 1) return send_buf(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return fail(S, c, 503, "unavailable_error", NULL, NULL, ready == 0 ? "Loading model" : "Shutting down");
     }
     if (rt == R_METRICS) return handle_metrics(S, c);
     if (rt == R_MODELS) return handle_models(S, c);
-    if (!authorized(S, c)) return fail(S, c, 401, "authentication_error", NULL, "invalid_api_key", "Invalid API Key");
     if (ready != 1)
         return fail(S, c, 503, "unavailable_error", NULL, NULL, ready == 0 ? "Loading model" : "Shutting down");
     switch (rt) {
@@ -1019,27 +1153,26 @@ static enum MHD_Result dispatch(srv *S, struct MHD_Connection *c, conn_ctx *cc, 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     srv *S = cls;
-    (void)version;
     conn_ctx *cc = *con_cls;
-    if (!cc) {
+    if (!cc) { /* the headers are complete; no body byte has been read */
         cc = xcalloc(1, sizeof *cc);
         cc->S = S;
         *con_cls = cc;
         atomic_fetch_add(&S->active, 1);
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long n = strtoull(cl, &end, 10);
-            if (errno || *end || n > S->o.max_body) { /* answer at once; MHD then closes the connection */
-                cc->responded = true;
-                srv_error e;
-                srv_err(&e, 413, "invalid_request_error", NULL, "request_too_large",
-                        "the request body exceeds %zu bytes", S->o.max_body);
-                atomic_fetch_add(&S->http_requests, 1);
-                return send_error(S, c, &e);
-            }
+        atomic_fetch_add(&S->http_requests, 1);
+        srv_error e;
+        bool pre = false;
+        if (gate(S, c, cc, url, method, version, &pre, &e) < 0) { /* answer at once; MHD then closes the connection */
+            cc->responded = true;
+            track_set(S, c, 0, false);
+            return send_error(S, c, &e);
         }
+        if (pre) {
+            cc->responded = true;
+            track_set(S, c, 0, false);
+            return preflight(S, c);
+        }
+        track_set(S, c, S->o.body_timeout_s, true);
         return MHD_YES;
     }
     if (cc->responded) {
@@ -1047,23 +1180,42 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        if (!cc->too_big) {
-            if (cc->body.n + *upload_size > S->o.max_body) {
-                cc->too_big = true;
-                sb_free(&cc->body);
-            } else sb_put(&cc->body, upload, *upload_size);
+        if (cc->body.n + *upload_size > S->o.max_body) { /* a chunked body: refused as soon as it is too long */
+            cc->responded = true;
+            sb_free(&cc->body);
+            *upload_size = 0;
+            srv_error e;
+            srv_err(&e, 413, "invalid_request_error", NULL, "request_too_large", "the request body exceeds %zu bytes",
+                    S->o.max_body);
+            /* MHD queues no response mid-body: write the 413 on the socket (only this
+             * thread uses it while the body is read), then have MHD close the connection */
+            atomic_fetch_add(&S->http_errors, 1);
+            sbuf b = {0}, j = {0};
+            error_json(&j, &e);
+            sb_printf(&b, "HTTP/1.1 413 Payload Too Large\r\nConnection: close\r\nContent-Type: application/json\r\n"
+                          "Content-Length: %zu\r\n\r\n", j.n);
+            sb_put(&b, j.p, j.n);
+            int fd = conn_fd(c);
+            if (fd >= 0 && send(fd, b.p, b.n, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) shutdown(fd, SHUT_WR);
+            sb_free(&b);
+            sb_free(&j);
+            return MHD_NO;
         }
+        sb_put(&cc->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
     cc->responded = true;
-    return dispatch(S, c, cc, url, method);
+    track_set(S, c, 0, false);
+    return dispatch(S, c, cc);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
     srv *S = cls;
-    (void)c;
     conn_ctx *cc = *con_cls;
+    /* a kept-alive connection must bring its next request's headers within the idle
+     * timeout plus the header deadline (each trickled byte resets only the former) */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) track_set(S, c, S->o.timeout_s + S->o.header_timeout_s, false);
     if (!cc) return;
     atomic_fetch_sub(&S->active, 1);
     if (cc->job) {
@@ -1082,26 +1234,60 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
+static void srv_free(srv *S) {
+    if (S->watchdog_started) {
+        pthread_mutex_lock(&S->track_mu);
+        S->watchdog_stop = true;
+        pthread_cond_signal(&S->track_cv);
+        pthread_mutex_unlock(&S->track_mu);
+        pthread_join(S->watchdog, NULL);
+    }
+    pthread_mutex_destroy(&S->track_mu);
+    pthread_cond_destroy(&S->track_cv);
+    free(S->allowed_hosts);
+    free(S);
+}
+
 srv *srv_start(const srv_options *o, int *port_out, lilac_err *err) {
     signal(SIGPIPE, SIG_IGN);
     srv *S = xcalloc(1, sizeof *S);
     S->o = *o;
+    pthread_mutex_init(&S->track_mu, NULL);
+    pthread_cond_init(&S->track_cv, NULL);
     struct sockaddr_in sa = {0};
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)o->port);
     if (inet_pton(AF_INET, o->host, &sa.sin_addr) != 1) {
         lilac_fail(err, "serve: --host \"%s\" is not an IPv4 address", o->host);
-        free(S);
+        srv_free(S);
         return NULL;
     }
+    /* Host allowlist (DNS rebinding): bound to loopback, only loopback names unless told */
+    bool loopback = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+    if (o->allowed_hosts && strcmp(o->allowed_hosts, "*")) S->allowed_hosts = xstrdup(o->allowed_hosts);
+    else if (!o->allowed_hosts && loopback) {
+        char b[128];
+        snprintf(b, sizeof b, "localhost,127.0.0.1,[::1],%s", o->host);
+        S->allowed_hosts = xstrdup(b);
+    }
+    srv_json_max_values = o->max_json_values ? o->max_json_values : SRV_JSON_MAX_VALUES;
+    if (pthread_create(&S->watchdog, NULL, watchdog_main, S) != 0) {
+        lilac_fail(err, "serve: cannot start a thread");
+        srv_free(S);
+        return NULL;
+    }
+    S->watchdog_started = true;
     S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
-                            (uint16_t)o->port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, S, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (uint16_t)o->port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, S, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, 1, MHD_OPTION_END);
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_conns_per_client,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
+                            MHD_OPTION_END);
     if (!S->d) {
         lilac_fail(err, "serve: cannot listen on %s:%d (%s)", o->host, o->port, strerror(errno));
-        free(S);
+        srv_free(S);
         return NULL;
     }
     if (port_out) {
@@ -1126,7 +1312,7 @@ void srv_stop(srv *S) {
     while (atomic_load(&S->active) > 0 && lilac_now() - t0 < 5) usleep(10000);
     MHD_stop_daemon(S->d);
     if (ls != MHD_INVALID_SOCKET) close(ls);
-    free(S);
+    srv_free(S);
 }
 
 void srv_load_generation_config(const char *dir, lilac_sampling *d, unsigned *set, int32_t **eos, int *n_eos) {

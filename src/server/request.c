@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "../util/common.h"
 
@@ -26,9 +27,36 @@ int srv_err(srv_error *e, int status, const char *type, const char *param, const
     return -1;
 }
 
+size_t srv_json_max_values = SRV_JSON_MAX_VALUES;
+
+size_t srv_json_count_values(const char *p, size_t n, size_t stop) {
+    size_t count = 0;
+    for (size_t i = 0; i < n && count <= stop; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '"') { /* a string is one value (or a key); skip to its closing quote */
+            count++;
+            for (i++; i < n && p[i] != '"'; i++)
+                if (p[i] == '\\') i++;
+        } else if (ch == '{' || ch == '[' || ch == '-' || (ch >= '0' && ch <= '9') || ch == 't' || ch == 'f' || ch == 'n') {
+            count++;
+            if (ch != '{' && ch != '[') /* skip the rest of the literal */
+                while (i + 1 < n && p[i + 1] != ',' && p[i + 1] != ']' && p[i + 1] != '}' && p[i + 1] != ' ' &&
+                       p[i + 1] != '\n' && p[i + 1] != '"')
+                    i++;
+        }
+    }
+    return count;
+}
+
 json_t *srv_parse_object(const char *body, size_t len, srv_error *e) {
     if (!body || len == 0) {
         srv_bad(e, NULL, "the request body is empty; expected a JSON object");
+        return NULL;
+    }
+    /* jansson holds every value as its own allocation (tens of bytes each): bound the count before parsing */
+    if (srv_json_count_values(body, len, srv_json_max_values) > srv_json_max_values) {
+        srv_err(e, 413, "invalid_request_error", NULL, "request_too_large",
+                "the request body holds more than %zu JSON values (--max-json-values)", srv_json_max_values);
         return NULL;
     }
     json_error_t je;
@@ -387,4 +415,38 @@ void srv_request_free(srv_request *r) {
     json_decref(r->messages);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- header checks ------------------------------------------------------------------ */
+
+bool srv_host_allowed(const char *host, const char *allowed) {
+    if (!host || !allowed) return false;
+    size_t hn = strlen(host);
+    if (host[0] == '[') { /* [v6]:port */
+        const char *end = strchr(host, ']');
+        if (!end) return false;
+        hn = (size_t)(end - host) + 1;
+    } else {
+        const char *colon = strchr(host, ':');
+        if (colon) hn = (size_t)(colon - host);
+    }
+    if (hn > 0 && host[hn - 1] == '.') hn--; /* "localhost." */
+    for (const char *a = allowed; *a;) {
+        const char *end = strchr(a, ',');
+        size_t an = end ? (size_t)(end - a) : strlen(a);
+        if (an == 1 && a[0] == '*') return true;
+        if (an == hn && hn > 0 && !strncasecmp(a, host, hn)) return true;
+        if (!end) break;
+        a = end + 1;
+    }
+    return false;
+}
+
+bool srv_ctype_json(const char *ctype) {
+    if (!ctype) return false;
+    while (*ctype == ' ' || *ctype == '\t') ctype++;
+    static const char J[] = "application/json";
+    if (strncasecmp(ctype, J, sizeof J - 1)) return false;
+    char c = ctype[sizeof J - 1];
+    return c == 0 || c == ';' || c == ' ' || c == '\t';
 }

@@ -63,7 +63,24 @@ typedef struct {
 int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 
-/* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e. */
+/* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e.
+ * Bodies with more than srv_json_max_values values get a 413 before jansson
+ * builds them (it spends tens of bytes per value). */
 json_t *srv_parse_object(const char *body, size_t len, srv_error *e);
+
+#define SRV_JSON_MAX_VALUES ((size_t)1 << 20)
+extern size_t srv_json_max_values; /* --max-json-values; SRV_JSON_MAX_VALUES by default */
+
+/* An upper bound on the JSON values in p[0..n) (strings, numbers, literals,
+ * arrays, objects; object keys count too), in one linear pass; counting stops
+ * past `stop`. Any bytes are accepted. */
+size_t srv_json_count_values(const char *p, size_t n, size_t stop);
+
+/* Header checks made before any body byte is read (pure, fuzzed). */
+/* Is `host` (a Host header: name or [v6], optional :port) in the comma-separated
+ * list `allowed`? "*" in the list allows any. */
+bool srv_host_allowed(const char *host, const char *allowed);
+/* Is `ctype` application/json (any case, optional parameters)? */
+bool srv_ctype_json(const char *ctype);
 
 #endif

@@ -45,7 +45,7 @@ def raw(port, data, read=True, timeout=10):
 
 
 def post_raw(port, path, body, extra=b""):
-    return raw(port, b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra +
+    return raw(port, b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n" + extra +
                b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
@@ -174,7 +174,8 @@ def test_bad_body(srv, name, path, body):
 
 def test_huge_numbers_ok_or_400(srv):
     for v in ["1e400", "-1e400", "123456789012345678901234567890", "1e-400", "-0"]:
-        r = httpx.post(srv.url + CHAT, content=('{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"seed":' + v + "}").encode())
+        r = httpx.post(srv.url + CHAT, content=('{"messages":[{"role":"user","content":"x"}],"max_tokens":1,"seed":' + v + "}").encode(),
+                       headers={"Content-Type": "application/json"})
         assert r.status_code in (200, 400)
 
 
@@ -189,15 +190,15 @@ def test_unknown_fields_ignored(srv):
     b"GARBAGE\r\n\r\n",
     b"GET / HTTP/9.9\r\n\r\n",
     b"GET /health HTTP/1.1\r\n" + b"X-Long: " + b"a" * 100000 + b"\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\nContent-Length: 20\r\n\r\n0123456789",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"1000\r\n" + b"a" * 4096 + b"\r\n") * 80 + b"0\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 10\r\nContent-Length: 20\r\n\r\n0123456789",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + (b"1000\r\n" + b"a" * 4096 + b"\r\n") * 80 + b"0\r\n\r\n",
     b"\x00\x01\x02\x03\r\n\r\n",
-    b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"GET /health%00 HTTP/1.1\r\nHost: x\r\n\r\n",
-    b"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /../../etc/passwd HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n",
+    b"GET /health%00 HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n",
+    b"DELETE /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\r\n",
 ], ids=lambda b: repr(b[:24]))
 def test_raw_protocol_garbage(srv, req):
     out = raw(srv.port, req, timeout=5)
@@ -212,7 +213,7 @@ def test_slowloris(srv):
     socks = []
     for _ in range(20):
         s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mess")
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mess")
         socks.append(s)
     assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
     time.sleep(4.5)  # --timeout 3
@@ -234,7 +235,7 @@ def test_vanish_mid_stream_and_mid_prefill(srv):
         b = body if i % 2 else pre
         path = CHAT if i % 2 else "/v1/completions"
         s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(b)).encode() +
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(b)).encode() +
                   b"\r\n\r\n" + b)
         if i % 2:
             s.recv(100)

@@ -328,7 +328,7 @@ def test_cancel_one_stream_of_batch(p1, p4):
         body = json.dumps({"messages": [{"role": "user", "content": PROMPTS[3]}], "max_tokens": 2000,
                            "ignore_eos": True, "stream": True}).encode()
         s = socket.create_connection(("127.0.0.1", p4.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         got = b""
         while got.count(b"data: ") < 4:
