@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat/content_part.c"
 #include "engine/sampler.c"
 #include "server/outparse.c"
 #include "server/request.c"

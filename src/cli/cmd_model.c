@@ -7,6 +7,7 @@
 
 #include "../backend/backend.h"
 #include "../chat/chat.h"
+#include "../model/safetensors.h"
 #include "../tokenizer/tokenizer.h"
 #include "../util/npy.h"
 #include "commands.h"
@@ -250,6 +251,8 @@ int cmd_generate(int argc, char **argv) {
             be->decode_greedy(s, first, (int)max_tokens - 1, on_token, &g, &err) < 0)
             lilac_die("%s", err.msg);
     }
+    char dmg[512];
+    if (st_damaged(dmg, sizeof dmg)) lilac_die("generate: %s was truncated or rewritten while it ran", dmg);
     if (g.detok) {
         const char *out;
         size_t len;

@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include "../chat/chat.h"
+#include "../model/config.h"
+#include "../model/safetensors.h"
 #include "outparse.h"
 #include "request.h"
 #include "sbuf.h"
@@ -33,6 +35,7 @@ struct srv {
     atomic_ullong http_requests, http_errors;
     atomic_ullong next_id;
     atomic_int active; /* requests between their first byte and completion */
+    atomic_int damage_logged;
     char *allowed_hosts; /* effective Host allowlist (owned) */
     /* deadlines: every open connection, checked by the watchdog thread */
     pthread_mutex_t track_mu;
@@ -209,6 +212,7 @@ static int chat_prompt(srv *S, const srv_request *r, bool add_gen, lilac_prompt 
     co.enable_thinking = r->enable_thinking;
     co.preserve_thinking = r->preserve_thinking;
     co.add_generation_prompt = add_gen;
+    co.text_only = true; /* the validator refused media parts; the renderer refuses them too */
     lilac_err err = {{0}};
     memset(pr, 0, sizeof *pr);
     if (lilac_chat_render(r->messages, r->tools, &co, pr, &err) < 0)
@@ -467,6 +471,16 @@ static bool wait_done(srv *S, eng_job *j, int fd) {
     return true;
 }
 
+/* The weights' mapping faulted (a shard truncated under the server): what was
+ * computed since is not the model's. */
+static bool weights_damaged(srv *S, char *msg, size_t cap) {
+    char path[512];
+    if (!st_damaged(path, sizeof path)) return false;
+    snprintf(msg, cap, "the checkpoint file %s was truncated or rewritten while the server ran; restart lilac", path);
+    if (!S->o.quiet && !atomic_exchange(&S->damage_logged, 1)) fprintf(stderr, "lilac serve: error: %s\n", msg);
+    return true;
+}
+
 static enum MHD_Result generation_error(srv *S, struct MHD_Connection *c, const eng_job *j) {
     if (!strcmp(j->finish, "cancelled"))
         return fail(S, c, 503, "unavailable_error", NULL, NULL, "the request was cancelled: the server is shutting down");
@@ -477,6 +491,8 @@ static enum MHD_Result generation_error(srv *S, struct MHD_Connection *c, const 
 static enum MHD_Result respond_once(srv *S, struct MHD_Connection *c, conn_ctx *cc, gen_req *g) {
     eng_job *j = g->job;
     if (!wait_done(S, j, conn_fd(c))) return MHD_NO;
+    char dmg[700];
+    if (weights_damaged(S, dmg, sizeof dmg)) return fail(S, c, 500, "server_error", NULL, NULL, dmg);
     if (!strcmp(j->finish, "cancelled") || !strcmp(j->finish, "error")) return generation_error(S, c, j);
     (void)cc;
     char id[48];
@@ -669,7 +685,13 @@ static void produce(stream *st) {
     }
     st->text_off += text.n;
     sb_free(&text);
-    if (done) {
+    char dmg[700];
+    if (done && weights_damaged(S, dmg, sizeof dmg)) {
+        sb_puts(&st->out, "data: {\"error\":{\"message\":");
+        sb_json_str(&st->out, dmg, strlen(dmg));
+        sb_puts(&st->out, ",\"type\":\"server_error\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n");
+        st->ended = true;
+    } else if (done) {
         if (!strcmp(j->finish, "cancelled") || !strcmp(j->finish, "error")) {
             if (!S->o.quiet && !strcmp(j->finish, "error")) fprintf(stderr, "lilac serve: generation failed: %s\n", j->error);
             sb_puts(&st->out, !strcmp(j->finish, "error")
@@ -1133,6 +1155,8 @@ static int gate(srv *S, struct MHD_Connection *c, conn_ctx *cc, const char *url,
 static enum MHD_Result dispatch(srv *S, struct MHD_Connection *c, conn_ctx *cc) {
     int rt = cc->route, ready = atomic_load(&S->ready);
     if (rt == R_HEALTH) {
+        char dmg[700];
+        if (ready == 1 && weights_damaged(S, dmg, sizeof dmg)) return fail(S, c, 503, "unavailable_error", NULL, NULL, dmg);
         if (ready == 1) return send_buf(S, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
         return fail(S, c, 503, "unavailable_error", NULL, NULL, ready == 0 ? "Loading model" : "Shutting down");
     }
@@ -1318,7 +1342,10 @@ void srv_stop(srv *S) {
 void srv_load_generation_config(const char *dir, lilac_sampling *d, unsigned *set, int32_t **eos, int *n_eos) {
     char path[4096];
     snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    json_t *g = json_load_file(path, 0, NULL);
+    size_t len = 0;
+    char *text = lilac_read_file_max(path, LILAC_CONFIG_MAX_BYTES, &len, NULL); /* regular files only */
+    json_t *g = text ? json_loadb(text, len, 0, NULL) : NULL;
+    free(text);
     if (!json_is_object(g)) {
         json_decref(g);
         return;

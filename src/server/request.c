@@ -8,6 +8,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "../chat/content_part.h"
 #include "../util/common.h"
 
 #define MAX_STOPS 16
@@ -141,6 +142,9 @@ static int parse_stop(srv_request *r, const json_t *v, srv_error *e) {
     return 0;
 }
 
+/* Content: a string, null, or text parts. Each part is classified as the
+ * renderer classifies it (content_part.h), so a part that names itself "text"
+ * but carries an image or video key is refused, not rendered as vision tokens. */
 static int check_content(const json_t *c, size_t mi, srv_error *e) {
     char p[48];
     snprintf(p, sizeof p, "messages[%zu].content", mi);
@@ -151,14 +155,14 @@ static int check_content(const json_t *c, size_t mi, srv_error *e) {
         const char *type = json_string_value(json_object_get(part, "type"));
         if (!json_is_object(part) || !type)
             return srv_bad(e, p, "'%s[%zu]' must be an object with a string 'type'", p, i);
-        if (!strcmp(type, "text")) {
-            if (!json_is_string(json_object_get(part, "text")))
-                return srv_bad(e, p, "'%s[%zu].text' must be a string", p, i);
-        } else if (!strcmp(type, "image_url") || !strcmp(type, "image") || !strcmp(type, "input_image") ||
-                   !strcmp(type, "video") || !strcmp(type, "video_url") || !strcmp(type, "input_audio")) {
-            return srv_bad(e, p, "content parts of type '%s' are not supported: this server is text-only", type);
-        } else
-            return srv_bad(e, p, "unknown content part type '%s' in '%s[%zu]'", type, p, i);
+        lilac_part_kind k = lilac_content_part_kind(part);
+        if (k == LILAC_PART_IMAGE || k == LILAC_PART_VIDEO || !strcmp(type, "image_url") || !strcmp(type, "input_image") ||
+            !strcmp(type, "video_url") || !strcmp(type, "input_audio"))
+            return srv_bad(e, p, "'%s[%zu]' is an %s part (type '%.40s'): this server is text-only", p, i,
+                           k == LILAC_PART_VIDEO ? "video" : strcmp(type, "input_audio") ? "image" : "audio", type);
+        if (strcmp(type, "text")) return srv_bad(e, p, "unknown content part type '%.40s' in '%s[%zu]'", type, p, i);
+        if (k != LILAC_PART_TEXT || !json_is_string(json_object_get(part, "text")))
+            return srv_bad(e, p, "'%s[%zu].text' must be a string", p, i);
     }
     return 0;
 }
