@@ -1119,9 +1119,10 @@ static int gate(srv *S, struct MHD_Connection *c, conn_ctx *cc, const char *url,
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
     if (!host && !strcmp(version, MHD_HTTP_VERSION_1_1))
         return srv_bad(e, NULL, "an HTTP/1.1 request needs a Host header");
-    if (S->allowed_hosts && !srv_host_allowed(host, S->allowed_hosts))
+    /* (an HTTP/1.0 request may omit Host; browsers, the rebinding threat, always send it) */
+    if (S->allowed_hosts && host && !srv_host_allowed(host, S->allowed_hosts))
         return srv_err(e, 403, "permission_error", NULL, "host_not_allowed",
-                       "the Host header '%.100s' is not allowed (see --allowed-hosts)", host ? host : "");
+                       "the Host header '%.100s' is not allowed (see --allowed-hosts)", host);
     if (!strcmp(method, "OPTIONS")) {
         *pre = true;
         return 0;
