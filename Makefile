@@ -101,7 +101,7 @@ fuzz: $(FUZZ_BIN)
 build/fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -fopenmp=libomp \
-	    -Isrc -o $@ $< $(filter src/model/%.c src/util/%.c,$(LIB_SRC)) $(LDLIBS:-fopenmp=-fopenmp=libomp)
+	    -Isrc -o $@ $< $(filter src/model/%.c src/util/%.c src/chat/content_part.c,$(LIB_SRC)) $(LDLIBS:-fopenmp=-fopenmp=libomp)
 
 deps:
 	bash tools/deps.sh
