@@ -346,13 +346,14 @@ static char g_damaged_path[512];
 static struct sigaction g_old_bus;
 static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool g_guard_installed;
+static uintptr_t g_page = 4096; /* set before the handler is installed: sysconf is not signal-safe */
 
 static void on_sigbus(int sig, siginfo_t *si, void *uc) {
     uintptr_t a = (uintptr_t)si->si_addr;
     for (int i = 0; i < GUARD_MAX; i++) {
         uintptr_t lo = atomic_load(&g_guard[i].lo), hi = atomic_load(&g_guard[i].hi);
         if (a < lo || a >= hi) continue;
-        uintptr_t page = a & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
+        uintptr_t page = a & ~(g_page - 1);
         /* zeros from the faulting page to the end of the shard: one fault per shard */
         if (mmap((void *)page, hi - page, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) break;
         int none = -1;
@@ -375,6 +376,8 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc) {
 static void guard_add(const char *path, void *map, size_t size) {
     pthread_mutex_lock(&g_guard_mu);
     if (!g_guard_installed) {
+        long ps = sysconf(_SC_PAGESIZE);
+        if (ps > 0) g_page = (uintptr_t)ps;
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = on_sigbus;
