@@ -29,6 +29,7 @@ typedef struct cg_ast {
     uint8_t *bytes;      /* BYTES */
     int min, max;        /* REP; max < 0: unbounded */
     int rule;            /* REF */
+    int mark;            /* visit mark of a compile pass */
 } cg_ast;
 
 typedef struct cg_block cg_block;
@@ -93,8 +94,10 @@ cg_ast *cg_trie_ast(cg_builder *b, cg_bstr *v, size_t n);
 lilac_grammar *cg_compile(cg_builder *b, int root);
 
 /* Regex front end, also used by the schema front end for `pattern`:
- * an AST for the whole-match of `re`, or NULL with the builder failed. */
-cg_ast *cg_regex_ast(cg_builder *b, const char *re, size_t len, const char *where);
+ * an AST for the whole-match of `re`, or NULL with the builder failed. With
+ * `json`, the AST matches the JSON string encoding of such texts (no raw
+ * quotes, backslashes or control characters). */
+cg_ast *cg_regex_ast(cg_builder *b, const char *re, size_t len, const char *where, bool json);
 
 /* ---- Compiled grammar -------------------------------------------------------- */
 typedef struct {

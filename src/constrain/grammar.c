@@ -574,11 +574,100 @@ static void grammar_destroy(lilac_grammar *g) {
     free(g);
 }
 
+/* Estimated automaton size of an AST, capped at `cap`; *refs counts references. */
+static long ast_est(const cg_ast *a, long cap, int *refs) {
+    switch (a->kind) {
+    case A_EMPTY: return 0;
+    case A_CLASS: return a->n + 1;
+    case A_BYTES: return a->n;
+    case A_REF: ++*refs; return 1;
+    case A_REP: {
+        long k = ast_est(a->kids[0], cap, refs), m = a->max < 0 ? (a->min > 0 ? a->min : 1) : a->max;
+        return k * m + 1 > cap ? cap + 1 : k * m + 1;
+    }
+    default: {
+        long t = 1;
+        for (int i = 0; i < a->n && t <= cap; i++) t += ast_est(a->kids[i], cap, refs);
+        return t;
+    }
+    }
+}
+
+/* Replace references to small rules by their bodies, in place. */
+static void ast_inline(cg_ast *a, const uint8_t *leaf, cg_ast *const *bodies, int mark) {
+    if (a->mark == mark) return;
+    a->mark = mark;
+    if (a->kind == A_REF) {
+        if (leaf[a->rule]) {
+            int m = a->mark;
+            *a = *bodies[a->rule];
+            a->mark = m;
+        }
+        return;
+    }
+    if (a->kind == A_SEQ || a->kind == A_ALT || a->kind == A_REP)
+        for (int i = 0; i < a->n; i++) ast_inline(a->kids[i], leaf, bodies, mark);
+}
+
+static void ast_reach(const cg_ast *a, uint8_t *reach, uint32_t *stack, int *sp, int mark) {
+    if (a->mark == mark) return;
+    ((cg_ast *)a)->mark = mark;
+    if (a->kind == A_REF) {
+        if (!reach[a->rule]) reach[a->rule] = 1, stack[(*sp)++] = (uint32_t)a->rule;
+        return;
+    }
+    if (a->kind == A_SEQ || a->kind == A_ALT || a->kind == A_REP)
+        for (int i = 0; i < a->n; i++) ast_reach(a->kids[i], reach, stack, sp, mark);
+}
+
+/* Small rules without references (a JSON string, a number, whitespace) are
+ * inlined where they are used, repeatedly: a token that runs past the end of
+ * such a rule then stays inside its caller, so the token index can decide it
+ * once instead of at every step. Rules no longer reachable are emptied. */
+static void inline_small_rules(cg_builder *b, int root) {
+    int R = b->n_rules, mark = 1 << 20;
+    uint8_t *leaf = xcalloc((size_t)R + 1, 1);
+    for (int pass = 0; pass < 8; pass++) {
+        bool any = false;
+        for (int r = 0; r < R; r++) {
+            int refs = 0;
+            leaf[r] = 0;
+            if (r != root && ast_est(b->bodies[r], 256, &refs) <= 256 && refs == 0) leaf[r] = 1, any = true;
+        }
+        if (!any) break;
+        mark++;
+        bool changed = false;
+        for (int r = 0; r < R; r++) {
+            if (leaf[r]) continue;
+            int before = 0, after = 0;
+            ast_est(b->bodies[r], 1L << 30, &before);
+            ast_inline(b->bodies[r], leaf, b->bodies, mark);
+            ast_est(b->bodies[r], 1L << 30, &after);
+            changed |= after != before;
+        }
+        if (!changed) break;
+    }
+    uint8_t *reach = xcalloc((size_t)R + 1, 1);
+    uint32_t *stack = xmalloc(((size_t)R + 1) * sizeof *stack);
+    int sp = 0;
+    reach[root] = 1;
+    stack[sp++] = (uint32_t)root;
+    mark++;
+    while (sp) ast_reach(b->bodies[stack[--sp]], reach, stack, &sp, mark);
+    for (int r = 0; r < R; r++)
+        if (!reach[r]) b->bodies[r] = ast_empty(b);
+    free(reach);
+    free(stack);
+    free(leaf);
+}
+
 lilac_grammar *cg_compile(cg_builder *b, int root) {
     if (b->failed) return NULL;
     if (root < 0 || root >= b->n_rules) return cgb_fail(b, "no start rule");
     for (int r = 0; r < b->n_rules; r++)
         if (!b->bodies[r]) return cgb_fail(b, "rule '%s' is used but never defined", b->names[r]);
+    inline_small_rules(b, root);
+    if (b->failed) return NULL;
     gbuild gb = {0};
     uint32_t *rule_start = xmalloc((size_t)b->n_rules * sizeof *rule_start);
     tnfa t = {.b = b};

@@ -15,6 +15,7 @@ typedef struct {
     const char *s, *p, *end;
     const char *where;
     int depth;
+    bool json; /* inside a JSON string: the text is the string's JSON encoding */
 } rp;
 
 static void *rfail(rp *r, const char *at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -45,10 +46,18 @@ static void rs_add_not(rset *s, const uint32_t *r, int n) {
     if (next <= 0x10ffff) rs_add(s, next, 0x10ffff);
 }
 
+/* \d \w \s and their negations as sets both ECMAScript and Python's re
+ * agree on (a text made from them matches under either): \s is the common
+ * whitespace, \S leaves out whitespace of either, \W and \D stay where
+ * Unicode has no word characters or digits beyond ASCII's. */
 static const uint32_t R_DIGIT[] = {'0', '9'};
+static const uint32_t R_NOT_DIGIT[] = {0, '0' - 1, '9' + 1, 0x65f};
 static const uint32_t R_WORD[] = {'0', '9', 'A', 'Z', '_', '_', 'a', 'z'};
+static const uint32_t R_NOT_WORD[] = {0, '0' - 1, '9' + 1, 'A' - 1, 'Z' + 1, '_' - 1, '`', '`', '{', 0x7f};
 static const uint32_t R_SPACE[] = {'\t', '\r', ' ', ' ', 0xa0, 0xa0, 0x1680, 0x1680, 0x2000, 0x200a,
-                                   0x2028, 0x2029, 0x202f, 0x202f, 0x205f, 0x205f, 0x3000, 0x3000, 0xfeff, 0xfeff};
+                                   0x2028, 0x2029, 0x202f, 0x202f, 0x205f, 0x205f, 0x3000, 0x3000};
+static const uint32_t R_ANY_SPACE[] = {'\t', '\r', 0x1c, ' ', 0x85, 0x85, 0xa0, 0xa0, 0x1680, 0x1680, 0x2000, 0x200a,
+                                       0x2028, 0x2029, 0x202f, 0x202f, 0x205f, 0x205f, 0x3000, 0x3000, 0xfeff, 0xfeff};
 
 static int hexv(char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -63,12 +72,12 @@ static int read_escape(rp *r, const char *at, uint32_t *cp, rset *set) {
     if (r->p >= r->end) return rfail(r, at, "unfinished escape"), 0;
     char c = *r->p++;
     switch (c) {
-    case 'd': rs_add(set, '0', '9'); return 2;
-    case 'D': rs_add_not(set, R_DIGIT, 1); return 2;
+    case 'd': rs_add(set, R_DIGIT[0], R_DIGIT[1]); return 2;
+    case 'D': for (int i = 0; i < 2; i++) rs_add(set, R_NOT_DIGIT[2 * i], R_NOT_DIGIT[2 * i + 1]); return 2;
     case 'w': for (int i = 0; i < 4; i++) rs_add(set, R_WORD[2 * i], R_WORD[2 * i + 1]); return 2;
-    case 'W': rs_add_not(set, R_WORD, 4); return 2;
-    case 's': for (int i = 0; i < 10; i++) rs_add(set, R_SPACE[2 * i], R_SPACE[2 * i + 1]); return 2;
-    case 'S': rs_add_not(set, R_SPACE, 10); return 2;
+    case 'W': for (int i = 0; i < 5; i++) rs_add(set, R_NOT_WORD[2 * i], R_NOT_WORD[2 * i + 1]); return 2;
+    case 's': for (int i = 0; i < 9; i++) rs_add(set, R_SPACE[2 * i], R_SPACE[2 * i + 1]); return 2;
+    case 'S': rs_add_not(set, R_ANY_SPACE, 11); return 2;
     case 'n': *cp = '\n'; return 1;
     case 'r': *cp = '\r'; return 1;
     case 't': *cp = '\t'; return 1;
@@ -115,6 +124,53 @@ static int read_escape(rp *r, const char *at, uint32_t *cp, rset *set) {
     }
 }
 
+/* One character as a literal: in a JSON string, '"', '\\' and control
+ * characters take their escaped form. */
+static cg_ast *lit_ast(rp *r, uint32_t cp) {
+    uint8_t buf[8];
+    if (r->json && (cp == '"' || cp == '\\' || cp < 0x20)) {
+        static const char hx[] = "0123456789abcdef";
+        const char *e = cp == '"' ? "\\\"" : cp == '\\' ? "\\\\" : cp == '\n' ? "\\n" : cp == '\t' ? "\\t" : cp == '\r' ? "\\r" : NULL;
+        if (e) return ast_str(r->b, e);
+        char u[7] = {'\\', 'u', '0', '0', hx[cp >> 4], hx[cp & 15], 0};
+        return ast_str(r->b, u);
+    }
+    return ast_bytes(r->b, buf, (size_t)cg_utf8_put(buf, cp));
+}
+
+/* A class of characters (pairs); in a JSON string without the characters
+ * that would need escapes there. */
+static cg_ast *class_ast(rp *r, const uint32_t *ranges, int n, bool neg) {
+    if (!r->json) return ast_class(r->b, ranges, n, neg);
+    uint32_t *c = xmalloc(((size_t)n + 2) * 2 * sizeof *c);
+    memcpy(c, ranges, (size_t)n * 2 * sizeof *c);
+    n = cg_ranges_normalize(c, n);
+    rset pos = {0};
+    if (neg) rs_add_not(&pos, c, n);
+    else
+        for (int i = 0; i < n; i++) rs_add(&pos, c[2 * i], c[2 * i + 1]);
+    free(c);
+    static const uint32_t bad[] = {0, 0x1f, '"', '"', '\\', '\\'};
+    rset out = {0};
+    for (int i = 0; i < pos.n; i++) {
+        uint32_t lo = pos.r[2 * i], hi = pos.r[2 * i + 1];
+        for (int k = 0; k < 3 && lo <= hi; k++) { /* bad is sorted: cut each piece away */
+            if (bad[2 * k + 1] < lo || bad[2 * k] > hi) continue;
+            if (bad[2 * k] > lo) rs_add(&out, lo, bad[2 * k] - 1);
+            lo = bad[2 * k + 1] + 1;
+        }
+        if (lo <= hi) rs_add(&out, lo, hi);
+    }
+    free(pos.r);
+    if (out.n == 0) {
+        free(out.r);
+        return rfail(r, r->p, "a class that holds only characters a JSON string must escape is not supported");
+    }
+    cg_ast *a = ast_class(r->b, out.r, out.n, false);
+    free(out.r);
+    return a;
+}
+
 static int read_lit(rp *r, uint32_t *cp) {
     int n = cg_utf8_get((const uint8_t *)r->p, (size_t)(r->end - r->p), cp);
     if (!n) return rfail(r, r->p, "invalid UTF-8"), 0;
@@ -158,7 +214,7 @@ static cg_ast *re_class(rp *r) {
     if (r->p >= r->end) return free(s.r), rfail(r, at, "unterminated character class");
     r->p++;
     if (s.n == 0 && !neg) return free(s.r), rfail(r, at, "empty class [] matches nothing");
-    cg_ast *a = ast_class(r->b, s.r ? s.r : (uint32_t[2]){0, 0}, s.n, neg);
+    cg_ast *a = class_ast(r, s.r ? s.r : (uint32_t[2]){0, 0}, s.n, neg);
     free(s.r);
     return a;
 }
@@ -190,7 +246,7 @@ static cg_ast *re_atom(rp *r) {
     if (c == '.') {
         r->p++;
         uint32_t nl[] = {'\n', '\n', '\r', '\r', 0x2028, 0x2029};
-        return ast_class(b, nl, 3, true);
+        return class_ast(r, nl, 3, true);
     }
     if (c == '\\') {
         r->p++;
@@ -198,11 +254,8 @@ static cg_ast *re_atom(rp *r) {
         uint32_t cp;
         int k = read_escape(r, at, &cp, &s);
         cg_ast *a = NULL;
-        if (k == 2) a = ast_class(b, s.r, s.n, false);
-        else if (k == 1) {
-            uint8_t buf[4];
-            a = ast_bytes(b, buf, (size_t)cg_utf8_put(buf, cp));
-        }
+        if (k == 2) a = class_ast(r, s.r, s.n, false);
+        else if (k == 1) a = lit_ast(r, cp);
         free(s.r);
         return a;
     }
@@ -217,8 +270,7 @@ static cg_ast *re_atom(rp *r) {
     if (c == '^' || c == '$') return rfail(r, at, "anchor '%c' inside the pattern is not supported", c);
     uint32_t cp;
     if (!read_lit(r, &cp)) return NULL;
-    uint8_t buf[4];
-    return ast_bytes(b, buf, (size_t)cg_utf8_put(buf, cp));
+    return lit_ast(r, cp);
 }
 
 static int rd_int(rp *r, int *v) {
@@ -294,8 +346,8 @@ static cg_ast *re_alts(rp *r) {
     return res;
 }
 
-cg_ast *cg_regex_ast(cg_builder *b, const char *re, size_t len, const char *where) {
-    rp r = {b, re, re, re + len, where ? where : "", 0};
+cg_ast *cg_regex_ast(cg_builder *b, const char *re, size_t len, const char *where, bool json) {
+    rp r = {b, re, re, re + len, where ? where : "", 0, json};
     if (r.p < r.end && *r.p == '^') r.p++;
     cg_ast *a = re_alts(&r);
     if (!a) return NULL;
@@ -307,7 +359,7 @@ lilac_grammar *lilac_grammar_from_regex(const char *re, size_t len, lilac_err *e
     cg_builder b;
     cgb_init(&b, err);
     int root = cgb_rule(&b, "root");
-    cgb_define(&b, root, cg_regex_ast(&b, re, len, ""));
+    cgb_define(&b, root, cg_regex_ast(&b, re, len, "", false));
     lilac_grammar *g = b.failed ? NULL : cg_compile(&b, root);
     cgb_free(&b);
     return g;

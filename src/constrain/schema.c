@@ -5,7 +5,8 @@
  * date-time/uuid), number and integer (minimum, maximum, exclusive bounds),
  * boolean, null, anyOf, oneOf (as anyOf), allOf of one schema, $ref to any
  * JSON pointer inside the document ($defs, definitions, "#"), true/{} (any
- * value). `{"type":"object"}` alone is any JSON object.
+ * value). `{"type":"object"}` alone is any JSON object. OpenAPI's `nullable` is
+ * an annotation, as JSON Schema validators treat it.
  *
  * The grammar yields a subset of the valid documents: properties come in the
  * schema's order; extra properties only where additionalProperties says so;
@@ -383,6 +384,16 @@ static cg_ast *number_ast(sc *s, json_t *schema, bool integer) {
         if (nhi > big) nhi = big;
         if (nlo <= nhi) astv_push(&v, ast_seq3(b, ast_str(b, "-"), range_nat(b, (long long)nlo, (long long)nhi), frac));
     }
+    if (!integer) { /* the bounds themselves, when included and written exactly */
+        double e[2] = {lo, hi};
+        bool x[2] = {xlo, xhi};
+        for (int k = 0; k < 2; k++) {
+            char buf[40];
+            if (isinf(e[k]) || x[k] || e[k] == floor(e[k])) continue;
+            snprintf(buf, sizeof buf, "%.15g", e[k]);
+            if (atof(buf) == e[k] && !strchr(buf, 'e')) astv_push(&v, ast_str(b, buf));
+        }
+    }
     if (v.n == 0) {
         astv_free(&v);
         return sfail(s, "no %s lies within the bounds", integer ? "integer" : "number");
@@ -404,8 +415,7 @@ static cg_ast *string_ast(sc *s, json_t *schema) {
         if (mnl || mxl) return sfail(s, "'pattern' together with minLength/maxLength is not supported");
         char where[1100];
         snprintf(where, sizeof where, "schema %s: ", s->path);
-        /* the pattern applies to the decoded text: allow no escapes inside */
-        cg_ast *re = cg_regex_ast(b, json_string_value(pat), json_string_length(pat), where);
+        cg_ast *re = cg_regex_ast(b, json_string_value(pat), json_string_length(pat), where, true);
         path_pop(s, o);
         if (!re) return NULL;
         return ast_seq3(b, ast_str(b, "\""), re, ast_str(b, "\""));
@@ -418,7 +428,7 @@ static cg_ast *string_ast(sc *s, json_t *schema) {
             re = "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
         else if (!strcmp(f, "uuid")) re = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}";
         if (re) {
-            cg_ast *a = cg_regex_ast(b, re, strlen(re), "");
+            cg_ast *a = cg_regex_ast(b, re, strlen(re), "", true);
             return ast_seq3(b, ast_str(b, "\""), a, ast_str(b, "\""));
         }
     }
@@ -864,8 +874,6 @@ static cg_ast *schema_ast(sc *s, json_t *schema) {
     } else if (json_object_get(schema, "properties")) res = object_ast(s, schema);
     else if (json_object_get(schema, "items")) res = array_ast(s, schema);
     else res = value_any(s);
-    if (res && json_is_true(json_object_get(schema, "nullable")))
-        res = ast_alt2(b, res, ast_str(b, "null"));
     s->depth--;
     return res;
 }

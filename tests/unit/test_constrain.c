@@ -7,6 +7,8 @@
  *   test_constrain sample KIND FILE N SEED MAXTOK
  *                                       N random completions under the mask, one
  *                                       JSON line each (tests/constrain uses it)
+ *   test_constrain batch FILE N SEED MAXTOK
+ *                                       the same for every line {"kind","text"} of FILE
  *   test_constrain compile KIND FILE    {"ok":true} or {"error":"…"}
  *   test_constrain bench [STEPS]        mask cost per step (medians; no checks)
  * KIND: gbnf, schema, regex or choice. */
@@ -481,21 +483,13 @@ static int mode_compile(const char *kind, const char *path) {
     return 0;
 }
 
-static int mode_sample(const char *kind, const char *path, int n, uint64_t seed, int max_tok) {
-    size_t len;
-    char *text = slurp(path, &len);
+/* n random completions of g as a JSON array of {hex, ended, steps[, problem]}. */
+static json_t *sample_grammar(lilac_grammar *g, int n, int max_tok) {
     lilac_err err;
-    lilac_grammar *g = compile_kind(kind, text, len, &err);
-    if (!g) {
-        printf("{\"error\":\"%s\"}\n", "compile failed");
-        fprintf(stderr, "%s\n", err.msg);
-        free(text);
-        return 1;
-    }
     int32_t nv = lilac_cvocab_size(g_voc);
     uint64_t *mask = xmalloc(lilac_cvocab_mask_words(g_voc) * 8);
     int32_t *buf = xmalloc((size_t)nv * 2 * sizeof *buf);
-    rng_s = seed * 0x9e3779b97f4a7c15ull + 1;
+    json_t *arr = json_array();
     for (int k = 0; k < n; k++) {
         lilac_matcher *m = lilac_matcher_new(g, g_voc, &err);
         uint8_t *out = xmalloc((size_t)max_tok * 300 + 1);
@@ -532,14 +526,75 @@ static int mode_sample(const char *kind, const char *path, int n, uint64_t seed,
         json_object_set_new(o, "ended", json_boolean(ended));
         json_object_set_new(o, "steps", json_integer(steps));
         if (problem) json_object_set_new(o, "problem", json_string(problem));
-        char *d = json_dumps(o, JSON_COMPACT);
-        printf("%s\n", d);
-        free(d), free(hex), free(out);
-        json_decref(o);
+        json_array_append_new(arr, o);
+        free(hex), free(out);
         lilac_matcher_free(m);
     }
-    free(mask), free(buf), free(text);
+    free(mask), free(buf);
+    return arr;
+}
+
+static void print_json(json_t *o) {
+    char *d = json_dumps(o, JSON_COMPACT);
+    printf("%s\n", d);
+    fflush(stdout);
+    free(d);
+    json_decref(o);
+}
+
+static int mode_sample(const char *kind, const char *path, int n, uint64_t seed, int max_tok) {
+    size_t len;
+    char *text = slurp(path, &len);
+    lilac_err err;
+    lilac_grammar *g = compile_kind(kind, text, len, &err);
+    free(text);
+    json_t *o = json_object();
+    if (!g) json_object_set_new(o, "error", json_string(err.msg));
+    else {
+        rng_s = seed * 0x9e3779b97f4a7c15ull + 1;
+        json_object_set_new(o, "samples", sample_grammar(g, n, max_tok));
+    }
+    print_json(o);
     lilac_grammar_free(g);
+    return 0;
+}
+
+/* One case per input line {"kind", "text"}: one output line {"error"} or {"samples"}. */
+static int mode_batch(const char *path, int n, uint64_t seed, int max_tok) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "cannot open %s\n", path);
+        return 2;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t got;
+    int idx = 0;
+    while ((got = getline(&line, &cap, f)) > 0) {
+        json_error_t je;
+        json_t *c = json_loadb(line, (size_t)got, 0, &je);
+        json_t *o = json_object();
+        if (!c || !json_is_string(json_object_get(c, "kind")) || !json_is_string(json_object_get(c, "text"))) {
+            json_object_set_new(o, "error", json_string("bad input line"));
+        } else {
+            lilac_err err;
+            json_t *t = json_object_get(c, "text");
+            lilac_grammar *g = compile_kind(json_string_value(json_object_get(c, "kind")), json_string_value(t),
+                                            json_string_length(t), &err);
+            if (!g) json_object_set_new(o, "error", json_string(err.msg));
+            else {
+                rng_s = (seed + (uint64_t)idx) * 0x9e3779b97f4a7c15ull + 1;
+                json_object_set_new(o, "samples", sample_grammar(g, n, max_tok));
+                json_object_set_new(o, "nodes", json_integer((json_int_t)lilac_grammar_n_nodes(g)));
+            }
+            lilac_grammar_free(g);
+        }
+        json_decref(c);
+        print_json(o);
+        idx++;
+    }
+    free(line);
+    fclose(f);
     return 0;
 }
 
@@ -620,6 +675,8 @@ int main(int argc, char **argv) {
     if (argc >= 4 && !strcmp(argv[1], "compile")) rc = mode_compile(argv[2], argv[3]);
     else if (argc >= 7 && !strcmp(argv[1], "sample"))
         rc = mode_sample(argv[2], argv[3], atoi(argv[4]), (uint64_t)strtoull(argv[5], NULL, 10), atoi(argv[6]));
+    else if (argc >= 6 && !strcmp(argv[1], "batch"))
+        rc = mode_batch(argv[2], atoi(argv[3]), (uint64_t)strtoull(argv[4], NULL, 10), atoi(argv[5]));
     else if (argc >= 2 && !strcmp(argv[1], "bench")) rc = mode_bench(argc >= 3 ? atoi(argv[2]) : 400);
     else {
         TEST(t_gbnf_basic);
