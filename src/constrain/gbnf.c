@@ -63,7 +63,7 @@ static bool at_definition(const gp *g, const char *q) {
     return g->end - q >= 3 && !memcmp(q, "::=", 3);
 }
 
-static int hexval(char c) {
+static int gb_hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
@@ -95,7 +95,7 @@ static int read_char(gp *g, uint32_t *cp) {
         }
         uint32_t v = 0;
         for (int i = 0; i < nh; i++) {
-            int h = g->p < g->end ? hexval(*g->p) : -1;
+            int h = g->p < g->end ? gb_hexval(*g->p) : -1;
             if (h < 0) return gfail(g, at, "escape '\\%c' needs %d hex digits", c, nh), 0;
             v = v * 16 + (uint32_t)h;
             g->p++;

@@ -530,7 +530,7 @@ static int rule_finish(cg_builder *b, tnfa *t, uint32_t start, uint32_t end, uin
         nd->nbe = (uint32_t)(g->nbe - nd->be);
         nd->nre = (uint32_t)(g->nre - nd->re);
         /* sort and dedupe the node's edges */
-        qsort(g->be + nd->be, nd->nbe, sizeof *g->be, cmp_bedge);
+        if (nd->nbe > 1) qsort(g->be + nd->be, nd->nbe, sizeof *g->be, cmp_bedge);
         uint32_t m = 0;
         for (uint32_t j = 0; j < nd->nbe; j++) {
             cg_bedge *x = &g->be[nd->be + j];
@@ -539,7 +539,7 @@ static int rule_finish(cg_builder *b, tnfa *t, uint32_t start, uint32_t end, uin
         }
         nd->nbe = m;
         g->nbe = nd->be + m;
-        qsort(g->re + nd->re, nd->nre, sizeof *g->re, cmp_redge);
+        if (nd->nre > 1) qsort(g->re + nd->re, nd->nre, sizeof *g->re, cmp_redge);
         m = 0;
         for (uint32_t j = 0; j < nd->nre; j++) {
             cg_redge *x = &g->re[nd->re + j];
@@ -858,7 +858,7 @@ static void st_reserve(cg_state *s, size_t extra) {
 void cg_state_copy(cg_state *d, const cg_state *s) {
     cg_state_clear(d);
     st_reserve(d, s->n);
-    memcpy(d->w, s->w, s->n * sizeof *s->w);
+    if (s->n) memcpy(d->w, s->w, s->n * sizeof *s->w);
     d->n = s->n;
     d->n_stk = s->n_stk;
     d->end = s->end;
@@ -1039,10 +1039,10 @@ void cg_advance(const lilac_grammar *g, cg_scratch *x, const cg_state *in, uint8
 }
 
 uint64_t cg_state_hash(const cg_state *s) {
-    uint64_t h = lilac_constrain_hash(s->w, s->n * sizeof *s->w, s->end);
+    uint64_t h = lilac_constrain_hash(s->n ? (const void *)s->w : "", s->n * sizeof *s->w, s->end);
     return h;
 }
 
 bool cg_state_equal(const cg_state *a, const cg_state *b) {
-    return a->n == b->n && a->end == b->end && !memcmp(a->w, b->w, a->n * sizeof *a->w);
+    return a->n == b->n && a->end == b->end && (a->n == 0 || !memcmp(a->w, b->w, a->n * sizeof *a->w));
 }
