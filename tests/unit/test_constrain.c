@@ -9,6 +9,8 @@
  *                                       JSON line each (tests/constrain uses it)
  *   test_constrain batch FILE N SEED MAXTOK
  *                                       the same for every line {"kind","text"} of FILE
+ *   test_constrain masks KIND FILE SEED STATES MAXWS
+ *                                       masks at random states of a random walk
  *   test_constrain compile KIND FILE    {"ok":true} or {"error":"…"}
  *   test_constrain bench [REPS]         mask cost per step (medians; no checks)
  * KIND: gbnf, schema, regex or choice. */
@@ -80,10 +82,15 @@ static int32_t pick(const uint64_t *mask, int32_t n, int32_t *buf, double p_clos
     return buf[rnd() % (uint64_t)na];
 }
 
+static int g_max_ws = -1; /* schema whitespace bound; < 0: the default */
+
 static lilac_grammar *compile_kind(const char *kind, const char *text, size_t len, lilac_err *err) {
     int k = !strcmp(kind, "gbnf") ? LILAC_GRAMMAR_GBNF : !strcmp(kind, "schema") ? LILAC_GRAMMAR_SCHEMA
           : !strcmp(kind, "regex") ? LILAC_GRAMMAR_REGEX : !strcmp(kind, "choice") ? LILAC_GRAMMAR_CHOICE : -1;
-    return lilac_grammar_compile(k, text, len, NULL, err);
+    lilac_schema_opts o;
+    lilac_schema_opts_default(&o);
+    if (g_max_ws >= 0) o.max_ws = g_max_ws;
+    return lilac_grammar_compile(k, text, len, &o, err);
 }
 
 /* ---- Brute-force reference ------------------------------------------------------ */
@@ -598,6 +605,63 @@ static int mode_batch(const char *path, int n, uint64_t seed, int max_tok) {
     return 0;
 }
 
+/* A random walk that prints, at `states` random steps, the text so far and
+ * the mask: {"prefix": hex, "mask": hex of the bitset's bytes (token i is bit
+ * i%8 of byte i/8)}. tests/constrain checks them with acceptors of its own. */
+static int mode_masks(const char *kind, const char *path, uint64_t seed, int states) {
+    size_t len;
+    char *text = slurp(path, &len);
+    lilac_err err;
+    lilac_grammar *g = compile_kind(kind, text, len, &err);
+    free(text);
+    if (!g) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    int32_t nv = lilac_cvocab_size(g_voc);
+    size_t words = lilac_cvocab_mask_words(g_voc);
+    uint64_t *mask = xmalloc(words * 8);
+    int32_t *buf = xmalloc((size_t)nv * 2 * sizeof *buf);
+    uint8_t *out = xmalloc(1 << 16);
+    char *hex = xmalloc(words * 16 + (1 << 17) + 1);
+    size_t on = 0;
+    rng_s = seed * 0x9e3779b97f4a7c15ull + 1;
+    lilac_matcher *m = lilac_matcher_new(g, g_voc, &err);
+    for (int step = 0, shown = 0; shown < states && step < 400; step++) {
+        lilac_matcher_fill_mask(m, mask);
+        if (step < 2 || rnd() % 3 == 0) {
+            shown++;
+            json_t *o = json_object();
+            for (size_t i = 0; i < on; i++) snprintf(hex + 2 * i, 3, "%02x", out[i]);
+            hex[2 * on] = 0;
+            json_object_set_new(o, "prefix", json_string(hex));
+            for (size_t i = 0; i < words * 8; i++) snprintf(hex + 2 * i, 3, "%02x", (unsigned)(mask[i / 8] >> (8 * (i % 8)) & 255));
+            hex[words * 16] = 0;
+            json_object_set_new(o, "mask", json_string(hex));
+            print_json(o);
+        }
+        int32_t t = pick(mask, nv, buf, 0.3);
+        if (t < 0 || is_eos(t) || lilac_matcher_accept(m, t)) {
+            lilac_matcher_reset(m);
+            on = 0;
+            continue;
+        }
+        size_t l;
+        const uint8_t *b = lilac_tok_bytes(g_tok, t, &l);
+        if (on + l >= (1 << 16)) {
+            lilac_matcher_reset(m);
+            on = 0;
+            continue;
+        }
+        memcpy(out + on, b, l);
+        on += l;
+    }
+    lilac_matcher_free(m);
+    lilac_grammar_free(g);
+    free(mask), free(buf), free(out), free(hex);
+    return 0;
+}
+
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -709,7 +773,10 @@ int main(int argc, char **argv) {
         rc = mode_sample(argv[2], argv[3], atoi(argv[4]), (uint64_t)strtoull(argv[5], NULL, 10), atoi(argv[6]));
     else if (argc >= 6 && !strcmp(argv[1], "batch"))
         rc = mode_batch(argv[2], atoi(argv[3]), (uint64_t)strtoull(argv[4], NULL, 10), atoi(argv[5]));
-    else if (argc >= 2 && !strcmp(argv[1], "bench")) rc = mode_bench(argc >= 3 ? atoi(argv[2]) : 5);
+    else if (argc >= 7 && !strcmp(argv[1], "masks")) {
+        g_max_ws = atoi(argv[6]);
+        rc = mode_masks(argv[2], argv[3], (uint64_t)strtoull(argv[4], NULL, 10), atoi(argv[5]));
+    } else if (argc >= 2 && !strcmp(argv[1], "bench")) rc = mode_bench(argc >= 3 ? atoi(argv[2]) : 5);
     else {
         TEST(t_gbnf_basic);
         TEST(t_gbnf_errors);
