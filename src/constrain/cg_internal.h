@@ -16,7 +16,9 @@ enum {
     CG_MAX_TNODES = 1 << 19,  /* automaton nodes before epsilon removal */
     CG_MAX_REPEAT = 10000,    /* the largest {m,n} bound */
     CG_MAX_DEPTH = 4096,      /* stack depth of a matcher */
-    CG_MAX_STACKS = 1 << 14,  /* stacks alive in one state */
+    CG_MAX_STACKS = 1024,     /* stacks alive in one state */
+    CG_MAX_WORDS = 1 << 17,   /* words of all stacks of one state */
+    CG_MAX_VISITS = 1 << 14,  /* stacks closed in one step */
 };
 
 /* ---- AST ------------------------------------------------------------------- */
@@ -148,13 +150,14 @@ typedef struct {
     uint32_t n_stk;
     uint8_t end;      /* the text may end here (bottom CG_ROOT popped, or CG_CTX unflagged) */
     uint8_t end_flag; /* a guessed context may end here */
+    uint8_t overflow; /* a limit above cut the state short: the grammar is too ambiguous here */
 } cg_state;
 
 /* Scratch for advancing (a visited set and work list). */
 typedef struct {
     uint64_t *hkey;
     uint32_t *hval, *hgen;
-    uint32_t hcap, gen;
+    uint32_t hcap, gen, visits;
     uint32_t *store;
     size_t store_n, store_cap;
     uint32_t *work;

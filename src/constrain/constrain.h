@@ -91,9 +91,12 @@ lilac_matcher *lilac_matcher_clone(const lilac_matcher *m);
 void lilac_matcher_free(lilac_matcher *m);
 void lilac_matcher_reset(lilac_matcher *m);
 
-/* Advance by a token. Returns 0, or -1 when the grammar does not allow it
- * (the state is then unchanged). An end token is allowed where the grammar may
- * end; after it the matcher is done and allows nothing. */
+/* Advance by a token. Returns 0, or -1 when the grammar does not allow it,
+ * or -2 when the grammar is too ambiguous to follow further (over 1024
+ * parses alive at once: the request should end with an error);
+ * the state is then unchanged. A token in the mask never gets -1. An end
+ * token is allowed where the grammar may end; after it the matcher is done
+ * and allows nothing. */
 int lilac_matcher_accept(lilac_matcher *m, int32_t token);
 /* Advance by raw bytes (not tokens); same contract. */
 int lilac_matcher_accept_bytes(lilac_matcher *m, const uint8_t *p, size_t n);

@@ -843,7 +843,7 @@ size_t lilac_grammar_n_nodes(const lilac_grammar *g) { return g->n_nodes; }
 void cg_state_clear(cg_state *s) {
     s->n = 0;
     s->n_stk = 0;
-    s->end = s->end_flag = 0;
+    s->end = s->end_flag = s->overflow = 0;
 }
 void cg_state_free(cg_state *s) {
     free(s->w);
@@ -863,6 +863,7 @@ void cg_state_copy(cg_state *d, const cg_state *s) {
     d->n_stk = s->n_stk;
     d->end = s->end;
     d->end_flag = s->end_flag;
+    d->overflow = s->overflow;
 }
 void cg_state_one(cg_state *s, const uint32_t *stk) {
     cg_state_clear(s);
@@ -929,6 +930,7 @@ static bool visit(cg_scratch *x, const uint32_t *s, uint32_t w) {
 
 static void vis_reset(cg_scratch *x) {
     x->store_n = 0;
+    x->visits = 0;
     if (++x->gen == 0) {
         if (x->hgen) memset(x->hgen, 0, x->hcap * sizeof *x->hgen);
         x->gen = 1;
@@ -956,10 +958,16 @@ static void drain(const lilac_grammar *g, cg_scratch *x, cg_state *out) {
         memcpy(tmp, x->work + x->work_n, w * sizeof *tmp);
         const uint32_t *s = tmp;
         uint32_t k = cg_stk_len(s), flag = s[0] & CG_FLAG;
-        if (k > CG_MAX_DEPTH || !visit(x, s, w)) continue;
+        if (k > CG_MAX_DEPTH || x->visits >= CG_MAX_VISITS) {
+            out->overflow = 1;
+            continue;
+        }
+        if (!visit(x, s, w)) continue;
+        x->visits++;
         uint32_t top = s[k + 1];
         const cg_node *nd = &g->nodes[top];
-        if (nd->nbe && out->n_stk < CG_MAX_STACKS) {
+        if (nd->nbe && (out->n_stk >= CG_MAX_STACKS || out->n + w > CG_MAX_WORDS)) out->overflow = 1;
+        else if (nd->nbe) {
             st_reserve(out, w);
             memcpy(out->w + out->n, s, w * sizeof *s);
             out->n += w;
@@ -1018,6 +1026,31 @@ void cg_state_start(const lilac_grammar *g, cg_scratch *x, uint32_t bottom, uint
 
 void cg_advance(const lilac_grammar *g, cg_scratch *x, const cg_state *in, uint8_t c, cg_state *out) {
     cg_state_clear(out);
+    out->overflow = in->overflow;
+    if (in->n_stk == 1) {
+        /* fast path: one stack, one edge, into a node that only consumes (inside
+         * a string, a number, a literal): the top moves, nothing to close */
+        const uint32_t *s = in->w;
+        uint32_t w = cg_stk_words(s);
+        const cg_node *nd = &g->nodes[s[w - 1]];
+        if (!(nd->first[c >> 6] >> (c & 63) & 1)) return;
+        const cg_bedge *hit = NULL;
+        int nhit = 0;
+        for (uint32_t j = 0; j < nd->nbe; j++) {
+            const cg_bedge *e = &g->bedges[nd->be + j];
+            if (c < e->lo) break;
+            if (c <= e->hi) hit = e, nhit++;
+        }
+        const cg_node *to = hit ? &g->nodes[hit->to] : NULL;
+        if (nhit == 1 && to->nre == 0 && !to->accept && to->nbe) {
+            st_reserve(out, w);
+            memcpy(out->w, s, w * sizeof *s);
+            out->w[w - 1] = hit->to;
+            out->n = w;
+            out->n_stk = 1;
+            return;
+        }
+    }
     vis_reset(x);
     for (size_t o = 0; o < in->n;) {
         const uint32_t *s = in->w + o;

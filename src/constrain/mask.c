@@ -241,6 +241,12 @@ static void pos_build(const lilac_grammar *g, cg_tables *t, uint32_t node) {
         uint32_t d = v->tn_depth[i];
         cg_state *cur = &t->ds[d];
         cg_advance(g, &t->x, &t->ds[d - 1], v->tn_byte[i], cur);
+        if (cur->overflow) { /* too ambiguous to decide here: every token below is checked at run time */
+            for (uint32_t j = i; j < v->tn_end[i]; j++)
+                for (int32_t id = v->tn_tok[j]; id >= 0; id = v->tok_next[id]) idv_push(&dep, id);
+            i = v->tn_end[i];
+            continue;
+        }
         int32_t tok = v->tn_tok[i];
         if (tok >= 0) {
             int kind = (cur->end || has_unflagged(cur)) ? 1 : (cur->n_stk || cur->end_flag) ? 2 : 0;
@@ -360,25 +366,28 @@ int lilac_matcher_rollback(lilac_matcher *m, int n) {
     return 0;
 }
 
-/* Run bytes from `from`; the result is in *res (m->a or m->b). */
-static bool run_bytes(lilac_matcher *m, const cg_state *from, const uint8_t *p, size_t n, cg_state **res) {
+/* Run bytes from `from`; the result is in *res (m->a or m->b). Returns 0,
+ * -1 (refused) or -2 (a limit was hit: too ambiguous). */
+static int run_bytes(lilac_matcher *m, const cg_state *from, const uint8_t *p, size_t n, cg_state **res) {
     const cg_state *in = from;
     cg_state *out = &m->a;
     for (size_t i = 0; i < n; i++) {
-        if (in->n_stk == 0) return false;
+        if (in->n_stk == 0) return -1;
         cg_advance(m->g, &m->x, in, p[i], out);
+        if (out->overflow) return -2;
         in = out;
         out = out == &m->a ? &m->b : &m->a;
     }
     *res = (cg_state *)in;
-    return in->n_stk > 0 || in->end;
+    return in->n_stk > 0 || in->end ? 0 : -1;
 }
 
 int lilac_matcher_accept_bytes(lilac_matcher *m, const uint8_t *p, size_t n) {
     if (m->done) return -1;
     if (n == 0) return 0;
     cg_state *res;
-    if (!run_bytes(m, &m->cur, p, n, &res)) return -1;
+    int rc = run_bytes(m, &m->cur, p, n, &res);
+    if (rc) return rc;
     hist_push(m);
     cg_state_copy(&m->cur, res);
     return 0;
@@ -444,6 +453,10 @@ static void mask_compute(lilac_matcher *m, uint64_t *mask) {
                 }
                 cg_advance(g, &m->x, &m->ds[d], b[d], &m->ds[d + 1]);
                 valid = d + 1;
+                if (m->ds[d + 1].overflow) { /* refused: accepting it would hit the limit too */
+                    dead = true;
+                    break;
+                }
             }
             pb = b;
             pl = l;
