@@ -46,6 +46,19 @@ void lilac_schema_opts_default(lilac_schema_opts *o); /* max_ws = 24 */
 
 lilac_grammar *lilac_grammar_from_gbnf(const char *text, size_t len, lilac_err *err);
 lilac_grammar *lilac_grammar_from_schema(const char *json, size_t len, const lilac_schema_opts *o, lilac_err *err);
+/* Texts `prefix JSON suffix` for any one of n alternatives, the JSON valid
+ * against that alternative's schema. A forced tool call in Qwen's syntax is
+ * prefix "<tool_call>\n{\"name\": \"NAME\", \"arguments\": ", the tool's
+ * parameter schema, suffix "}\n</tool_call>"; one alternative per tool for
+ * tool_choice "required". Messages name the alternative ("schema 2 $.…"). */
+typedef struct {
+    const char *prefix; /* literal text before the JSON (NULL: none) */
+    const char *schema; /* the JSON Schema's text */
+    size_t schema_len;
+    const char *suffix; /* literal text after it (NULL: none) */
+} lilac_schema_alt;
+lilac_grammar *lilac_grammar_from_schema_alts(const lilac_schema_alt *alts, size_t n, const lilac_schema_opts *o,
+                                              lilac_err *err);
 lilac_grammar *lilac_grammar_from_regex(const char *re, size_t len, lilac_err *err);
 lilac_grammar *lilac_grammar_from_choices(const char *const *choices, const size_t *lens, size_t n, lilac_err *err);
 /* Compile by kind (LILAC_GRAMMAR_*); CHOICE takes a JSON array of strings. */

@@ -36,6 +36,7 @@ typedef struct {
     char path[1024];
     size_t plen;
     int depth;
+    char label[32]; /* which schema of several, for messages */
 } sc;
 
 static void *sfail(sc *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -45,7 +46,7 @@ static void *sfail(sc *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(m, sizeof m, fmt, ap);
     va_end(ap);
-    return cgb_fail(s->b, "schema %s: %s", s->path, m);
+    return cgb_fail(s->b, "schema%s %s: %s", s->label, s->path, m);
 }
 
 static size_t path_push(sc *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -880,28 +881,67 @@ static cg_ast *schema_ast(sc *s, json_t *schema) {
 
 void lilac_schema_opts_default(lilac_schema_opts *o) { o->max_ws = 24; }
 
+/* The grammar of one schema document, inside the builder of `s`. */
+static cg_ast *schema_doc(sc *s, const char *json, size_t len) {
+    json_error_t je;
+    json_t *doc = json_loadb(json, len, JSON_DECODE_ANY, &je);
+    if (!doc) return cgb_fail(s->b, "schema%s: invalid JSON at line %d column %d: %s", s->label, je.line, je.column, je.text);
+    s->doc = doc;
+    strcpy(s->path, "$");
+    s->plen = 1;
+    s->depth = 0;
+    cg_ast *body = schema_ast(s, doc);
+    for (int i = 0; i < s->n_refs; i++) free(s->refs[i].ref);
+    s->n_refs = 0;
+    json_decref(doc);
+    s->doc = NULL;
+    return body;
+}
+
+static void sc_init(sc *s, cg_builder *b, const lilac_schema_opts *opts) {
+    memset(s, 0, sizeof *s);
+    s->b = b;
+    s->max_ws = opts->max_ws < 0 ? 0 : opts->max_ws > 1000 ? 1000 : opts->max_ws;
+    s->r_ws = s->r_str = s->r_num = s->r_int = s->r_val = s->r_obj = s->r_arr = s->r_char = -1;
+}
+
 lilac_grammar *lilac_grammar_from_schema(const char *json, size_t len, const lilac_schema_opts *opts, lilac_err *err) {
     lilac_schema_opts def;
     if (!opts) lilac_schema_opts_default(&def), opts = &def;
-    json_error_t je;
-    json_t *doc = json_loadb(json, len, JSON_DECODE_ANY, &je);
-    if (!doc) {
-        lilac_fail(err, "schema: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-        return NULL;
-    }
     cg_builder b;
     cgb_init(&b, err);
-    sc s = {.b = &b, .doc = doc, .max_ws = opts->max_ws < 0 ? 0 : opts->max_ws > 1000 ? 1000 : opts->max_ws,
-            .r_ws = -1, .r_str = -1, .r_num = -1, .r_int = -1, .r_val = -1, .r_obj = -1, .r_arr = -1, .r_char = -1};
-    strcpy(s.path, "$");
-    s.plen = 1;
+    sc s;
+    sc_init(&s, &b, opts);
     int root = cgb_rule(&b, "root");
-    cg_ast *body = schema_ast(&s, doc);
+    cg_ast *body = schema_doc(&s, json, len);
     if (body) cgb_define(&b, root, ast_seq2(&b, body, ws(&s)));
     lilac_grammar *g = b.failed ? NULL : cg_compile(&b, root);
-    for (int i = 0; i < s.n_refs; i++) free(s.refs[i].ref);
     free(s.refs);
     cgb_free(&b);
-    json_decref(doc);
+    return g;
+}
+
+lilac_grammar *lilac_grammar_from_schema_alts(const lilac_schema_alt *alts, size_t n, const lilac_schema_opts *opts,
+                                              lilac_err *err) {
+    lilac_schema_opts def;
+    if (!opts) lilac_schema_opts_default(&def), opts = &def;
+    cg_builder b;
+    cgb_init(&b, err);
+    sc s;
+    sc_init(&s, &b, opts);
+    int root = cgb_rule(&b, "root");
+    cg_astv v = {0};
+    if (n == 0) cgb_fail(&b, "schema: no alternatives");
+    for (size_t i = 0; i < n && !b.failed; i++) {
+        snprintf(s.label, sizeof s.label, " %zu", i);
+        cg_ast *body = schema_doc(&s, alts[i].schema, alts[i].schema_len);
+        const char *pre = alts[i].prefix ? alts[i].prefix : "", *suf = alts[i].suffix ? alts[i].suffix : "";
+        astv_push(&v, ast_seq3(&b, ast_str(&b, pre), body, ast_str(&b, suf)));
+    }
+    if (!b.failed) cgb_define(&b, root, ast_alt(&b, v.v, v.n));
+    astv_free(&v);
+    lilac_grammar *g = b.failed ? NULL : cg_compile(&b, root);
+    free(s.refs);
+    cgb_free(&b);
     return g;
 }

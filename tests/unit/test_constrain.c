@@ -482,6 +482,34 @@ static void t_eos_rollback_clone(void) {
     lilac_grammar_free(g);
 }
 
+static void t_schema_alts(void) {
+    lilac_err err;
+    const char *w = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}";
+    const char *t = "{\"type\":\"object\",\"properties\":{\"tz\":{\"enum\":[\"UTC\",\"CET\"]}},\"required\":[\"tz\"]}";
+    lilac_schema_alt alts[2] = {
+        {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", w, strlen(w), "}\n</tool_call>"},
+        {"<tool_call>\n{\"name\": \"get_time\", \"arguments\": ", t, strlen(t), "}\n</tool_call>"},
+    };
+    lilac_grammar *g = lilac_grammar_from_schema_alts(alts, 2, NULL, &err);
+    CHECKF(g != NULL, "%s", err.msg);
+    if (g) {
+        CHECK(full_match(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+        CHECK(full_match(g, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"tz\":\"CET\"}}\n</tool_call>"));
+        CHECK(!full_match(g, "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"));
+        CHECK(!full_match(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
+        /* the tool-call tag is one added token of the vocabulary, allowed as such */
+        lilac_matcher *m = lilac_matcher_new(g, g_voc, &err);
+        CHECK(lilac_matcher_accept(m, lilac_tok_added_id(g_tok, "<tool_call>")) == 0);
+        lilac_matcher_free(m);
+        lilac_grammar_free(g);
+    }
+    alts[1].schema = "{\"type\":\"object\",\"properties\":{\"tz\":{\"type\":\"strng\"}}}";
+    alts[1].schema_len = strlen(alts[1].schema);
+    g = lilac_grammar_from_schema_alts(alts, 2, NULL, &err);
+    CHECK_FAIL_MSG(g == NULL, err, "schema 1 $.properties.tz.type", "strng");
+    lilac_grammar_free(g);
+}
+
 /* ---- Modes for tests/constrain ----------------------------------------------------------- */
 
 static char *slurp(const char *path, size_t *len) {
@@ -811,6 +839,7 @@ int main(int argc, char **argv) {
         TEST(t_pathological);
         TEST(t_int_ranges);
         TEST(t_eos_rollback_clone);
+        TEST(t_schema_alts);
         TEST(t_mask_bruteforce);
         rc = check_summary();
     }
