@@ -47,7 +47,7 @@ typedef struct {
     uint32_t n_dep;
 } cg_pos;
 
-enum { CACHE_SLOTS = 512 };
+enum { CACHE_SLOTS = 256 }; /* masks cached per grammar, direct-mapped by state hash */
 typedef struct {
     uint64_t h;
     cg_state st;

@@ -13,7 +13,9 @@
  * numbers have at most 16 integer and 16 fraction digits. Keywords that would
  * need more than a context-free grammar (uniqueItems, multipleOf, not, if/
  * then/else, min/maxProperties, patternProperties …) are refused, naming the
- * keyword and its JSON path. Whitespace between tokens is bounded. */
+ * keyword and its JSON path, and so are constraints beside $ref, anyOf, oneOf,
+ * allOf, enum or const (not merged; `type` beside enum/const filters the
+ * values). Whitespace between tokens is bounded. */
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
@@ -766,6 +768,47 @@ static const char *const KNOWN[] = {
     "$vocabulary", "$dynamicRef", "$dynamicAnchor", "$id",
 };
 
+static const char *const ANNOTATIONS[] = {
+    "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly",
+    "writeOnly", "$defs", "definitions", "strict", "name", "nullable", "discriminator", "contentEncoding",
+    "contentMediaType", "format", "$anchor",
+};
+
+/* A keyword beside `kw` that would constrain the value further (refused: the
+ * combination is not merged), or NULL. `allow` is one more keyword let through. */
+static const char *constraint_beside(json_t *schema, const char *kw, const char *allow) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(schema, key, v) {
+        if (!strcmp(key, kw) || (allow && !strcmp(key, allow)) || !strncmp(key, "x-", 2)) continue;
+        bool ann = false;
+        for (size_t i = 0; i < sizeof ANNOTATIONS / sizeof *ANNOTATIONS && !ann; i++) ann = !strcmp(ANNOTATIONS[i], key);
+        if (!ann) return key;
+    }
+    return NULL;
+}
+
+/* Does JSON value v have the type name t? */
+static bool has_type(json_t *v, const char *t) {
+    if (!strcmp(t, "string")) return json_is_string(v);
+    if (!strcmp(t, "number")) return json_is_number(v);
+    if (!strcmp(t, "integer"))
+        return json_is_integer(v) || (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)));
+    if (!strcmp(t, "boolean")) return json_is_boolean(v);
+    if (!strcmp(t, "null")) return json_is_null(v);
+    if (!strcmp(t, "object")) return json_is_object(v);
+    if (!strcmp(t, "array")) return json_is_array(v);
+    return false;
+}
+
+static bool type_allows(json_t *type, json_t *v) {
+    if (!type) return true;
+    if (json_is_string(type)) return has_type(v, json_string_value(type));
+    for (size_t i = 0; i < json_array_size(type); i++)
+        if (json_is_string(json_array_get(type, i)) && has_type(v, json_string_value(json_array_get(type, i)))) return true;
+    return false;
+}
+
 static cg_ast *typed_ast(sc *s, json_t *schema, const char *t) {
     if (!strcmp(t, "string")) return string_ast(s, schema);
     if (!strcmp(t, "integer")) return number_ast(s, schema, true);
@@ -814,14 +857,44 @@ static cg_ast *schema_ast(sc *s, json_t *schema) {
     json_t *one = json_object_get(schema, "oneOf"), *all = json_object_get(schema, "allOf");
     json_t *en = json_object_get(schema, "enum"), *cst = json_object_get(schema, "const");
     json_t *type = json_object_get(schema, "type");
+    /* combinators and literals decide alone: constraints beside them are refused */
+    const char *combo = ref ? "$ref" : cst ? "const" : en ? "enum" : any ? "anyOf" : one ? "oneOf" : all ? "allOf" : NULL;
+    const char *beside = combo ? constraint_beside(schema, combo, (cst || en) ? "type" : NULL) : NULL;
+    if (beside) {
+        size_t o = path_push(s, ".%s", beside);
+        sfail(s, "'%s' beside '%s' is not supported", beside, combo);
+        path_pop(s, o);
+        s->depth--;
+        return NULL;
+    }
+    if ((cst || en) && type && !json_is_string(type) && !json_is_array(type)) {
+        size_t o = path_push(s, ".type");
+        sfail(s, "must be a string or an array of strings");
+        path_pop(s, o);
+        s->depth--;
+        return NULL;
+    }
     if (ref) res = ref_ast(s, ref);
     else if (cst) {
+        if (!type_allows(type, cst)) {
+            size_t o = path_push(s, ".const");
+            sfail(s, "the value does not have the schema's type");
+            path_pop(s, o);
+            s->depth--;
+            return NULL;
+        }
         char *t = dump_json(cst);
         res = ast_str(b, t ? t : "null");
         free(t);
     } else if (en) {
         size_t o = path_push(s, ".enum");
-        res = enum_ast(s, en);
+        json_t *keep = json_array();
+        for (size_t i = 0; json_is_array(en) && i < json_array_size(en); i++)
+            if (type_allows(type, json_array_get(en, i))) json_array_append(keep, json_array_get(en, i));
+        if (json_is_array(en) && json_array_size(en) && !json_array_size(keep))
+            res = sfail(s, "no value has the schema's type");
+        else res = enum_ast(s, json_is_array(en) ? keep : en);
+        json_decref(keep);
         path_pop(s, o);
     } else if (any || one) {
         json_t *arr = any ? any : one;

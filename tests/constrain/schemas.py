@@ -79,6 +79,8 @@ HANDWRITTEN = [
     ("unicode_enum", {"enum": ["café", "naïve", "日本語", "😀 smile"]}),
     ("enum_many", {"enum": [f"item_{i:03d}" for i in range(300)]}),
     ("enum_prefixes", {"enum": ["a", "ab", "abc", "abcd", "b"]}),
+    ("enum_typed_filter", {"type": "string", "enum": ["a", 1, "b", None, 2.0]}),
+    ("enum_integer_typed", {"type": "integer", "enum": [1, 2.0, 2.5, "x"]}),
     ("empty_object", obj({}, [], additionalProperties=False)),
     ("array_any", {"type": "array"}),
     ("array_empty_only", {"type": "array", "maxItems": 0}),

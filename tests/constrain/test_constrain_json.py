@@ -145,6 +145,9 @@ BAD_SCHEMAS = [
     ({"type": "object", "minProperties": 2}, "$.minProperties"),
     ({"$ref": "#/definitions/nope"}, "points to nothing"),
     ({"items": {"if": {"type": "string"}}}, "$.items.if"),
+    ({"type": "string", "anyOf": [{"maxLength": 3}, {"pattern": "^x"}]}, "$.type: 'type' beside 'anyOf'"),
+    ({"$ref": "#/$defs/a", "maxLength": 2, "$defs": {"a": {"type": "string"}}}, "$.maxLength"),
+    ({"type": "integer", "enum": ["a", "b"]}, "$.enum: no value has the schema's type"),
 ]
 
 
