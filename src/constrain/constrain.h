@@ -113,7 +113,7 @@ void lilac_matcher_reset(lilac_matcher *m);
 int lilac_matcher_accept(lilac_matcher *m, int32_t token);
 /* Advance by raw bytes (not tokens); same contract. */
 int lilac_matcher_accept_bytes(lilac_matcher *m, const uint8_t *p, size_t n);
-/* Undo the last n accepted tokens (n <= lilac_matcher_max_rollback). Returns
+/* Undo the last n accepted tokens (n <= LILAC_MATCHER_MAX_ROLLBACK). Returns
  * 0, or -1 when fewer than n are remembered (the state is then unchanged). */
 enum { LILAC_MATCHER_MAX_ROLLBACK = 32 };
 int lilac_matcher_rollback(lilac_matcher *m, int n);
