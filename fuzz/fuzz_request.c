@@ -12,10 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/sampler.c"
 #include "server/outparse.c"
 #include "server/request.c"
-#include "server/sbuf.c"
 
 static void nop_text(void *ud, const char *s, size_t n) {
     size_t *total = ud;

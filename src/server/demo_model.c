@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "../model/safetensors.h"
-#include "../tools/synth.h"
+#include "../model/synth.h"
 #include "demo_template.h"
-#include "sbuf.h"
+#include "../util/sbuf.h"
 
 /* ---- geometry (the tiny oracle case: every feature, small) ---- */
 enum {

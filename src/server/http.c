@@ -20,7 +20,7 @@
 #include "../chat/chat.h"
 #include "outparse.h"
 #include "request.h"
-#include "sbuf.h"
+#include "../util/sbuf.h"
 #include "server.h"
 
 struct srv {

@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "../backend/backend.h"
-#include "../cli/commands.h"
 #include "../util/diag.h"
+#include "bench.h"
 
 typedef struct {
     int n, cap;
@@ -87,17 +87,9 @@ double lilac_cuda_copy_bandwidth(void);
 double lilac_cuda_mem_used(void);
 #endif
 
-int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *backend = NULL, *lens_s = "256,512,1024,2048,4096", *json = NULL;
-    long steps = 64, rounds = 3, threads = 0;
-    for (int i = 1; i < argc; i++)
-        if (!opt_str(argc, argv, &i, "--model", &model) && !opt_str(argc, argv, &i, "--backend", &backend) &&
-            !opt_str(argc, argv, &i, "--prompt-lens", &lens_s) && !opt_str(argc, argv, &i, "--json", &json) &&
-            !opt_int(argc, argv, &i, "--decode-steps", &steps) && !opt_int(argc, argv, &i, "--rounds", &rounds) &&
-            !opt_int(argc, argv, &i, "--threads", &threads))
-            opt_unknown("bench", argv[i]);
-    if (!model) model = getenv("LILAC_MODEL");
-    if (!model) lilac_die("usage: lilac bench --model DIR [--prompt-lens 256,512,...] [--decode-steps 64] [--rounds 3] [--json F]");
+int lilac_bench(const lilac_bench_opts *o) {
+    const char *const model = o->model, *backend = o->backend, *lens_s = o->prompt_lens, *json = o->json;
+    const long steps = o->decode_steps, rounds = o->rounds, threads = o->threads;
     if (steps < 1 || rounds < 1) lilac_die("--decode-steps and --rounds must be >= 1");
     if (threads > 0) omp_set_num_threads((int)threads);
     lilac_err err = {{0}};

@@ -41,11 +41,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../cli/commands.h"
 #include "../model/config.h"
 #include "../model/quantize.h"
 #include "../model/safetensors.h"
 #include "../util/diag.h"
+#include "../util/sbuf.h"
 #include "convert.h"
 
 
@@ -481,36 +481,11 @@ static int fsync_path(const char *p) {
 /* ------------------------------------------------------------------------- */
 /* Python json.dump(obj, indent=4) (ensure_ascii, shortest float repr).       */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} sbuf_t;
-
-static void sb_put(sbuf_t *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        while (b->len + n + 1 > b->cap) b->cap = b->cap ? 2 * b->cap : 4096;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void sb_str(sbuf_t *b, const char *s) { sb_put(b, s, strlen(s)); }
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    sb_put(b, tmp, n < 0 ? 0 : ((size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1));
-}
-
 /* repr(float) */
-static void py_float(sbuf_t *b, double d) {
-    if (isnan(d)) { sb_str(b, "NaN"); return; }
-    if (isinf(d)) { sb_str(b, d > 0 ? "Infinity" : "-Infinity"); return; }
-    if (d == 0) { sb_str(b, signbit(d) ? "-0.0" : "0.0"); return; }
+static void py_float(sbuf *b, double d) {
+    if (isnan(d)) { sb_puts(b, "NaN"); return; }
+    if (isinf(d)) { sb_puts(b, d > 0 ? "Infinity" : "-Infinity"); return; }
+    if (d == 0) { sb_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
     char tmp[64];
     int p;
     for (p = 0; p < 17; p++) {
@@ -528,30 +503,30 @@ static void py_float(sbuf_t *b, double d) {
         q++;
     }
     int ex = atoi(q + 1);
-    if (neg) sb_str(b, "-");
+    if (neg) sb_puts(b, "-");
     if (ex >= -4 && ex < 16) {
         if (ex >= 0) {
             for (int i = 0; i <= ex; i++) sb_put(b, i < nd ? &digits[i] : "0", 1);
-            sb_str(b, ".");
+            sb_puts(b, ".");
             if (nd > ex + 1) sb_put(b, digits + ex + 1, (size_t)(nd - ex - 1));
-            else sb_str(b, "0");
+            else sb_puts(b, "0");
         } else {
-            sb_str(b, "0.");
-            for (int i = 0; i < -ex - 1; i++) sb_str(b, "0");
+            sb_puts(b, "0.");
+            for (int i = 0; i < -ex - 1; i++) sb_puts(b, "0");
             sb_put(b, digits, (size_t)nd);
         }
     } else {
         sb_put(b, digits, 1);
         if (nd > 1) {
-            sb_str(b, ".");
+            sb_puts(b, ".");
             sb_put(b, digits + 1, (size_t)(nd - 1));
         }
-        sb_fmt(b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+        sb_printf(b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
     }
 }
 
-static void py_string(sbuf_t *b, const char *s, size_t n) {
-    sb_str(b, "\"");
+static void py_string(sbuf *b, const char *s, size_t n) {
+    sb_puts(b, "\"");
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
         uint32_t cp;
@@ -563,13 +538,13 @@ static void py_string(sbuf_t *b, const char *s, size_t n) {
         else cp = 0xFFFD;
         i += (size_t)len;
         switch (cp) {
-        case '"': sb_str(b, "\\\""); continue;
-        case '\\': sb_str(b, "\\\\"); continue;
-        case '\n': sb_str(b, "\\n"); continue;
-        case '\r': sb_str(b, "\\r"); continue;
-        case '\t': sb_str(b, "\\t"); continue;
-        case '\b': sb_str(b, "\\b"); continue;
-        case '\f': sb_str(b, "\\f"); continue;
+        case '"': sb_puts(b, "\\\""); continue;
+        case '\\': sb_puts(b, "\\\\"); continue;
+        case '\n': sb_puts(b, "\\n"); continue;
+        case '\r': sb_puts(b, "\\r"); continue;
+        case '\t': sb_puts(b, "\\t"); continue;
+        case '\b': sb_puts(b, "\\b"); continue;
+        case '\f': sb_puts(b, "\\f"); continue;
         default: break;
         }
         if (cp >= 0x20 && cp <= 0x7E) {
@@ -577,64 +552,64 @@ static void py_string(sbuf_t *b, const char *s, size_t n) {
             sb_put(b, &ch, 1);
         } else if (cp >= 0x10000) {
             cp -= 0x10000;
-            sb_fmt(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            sb_printf(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
         } else {
-            sb_fmt(b, "\\u%04x", cp);
+            sb_printf(b, "\\u%04x", cp);
         }
     }
-    sb_str(b, "\"");
+    sb_puts(b, "\"");
 }
 
-static void py_indent(sbuf_t *b, int level) {
-    sb_str(b, "\n");
-    for (int i = 0; i < level; i++) sb_str(b, "    ");
+static void py_indent(sbuf *b, int level) {
+    sb_puts(b, "\n");
+    for (int i = 0; i < level; i++) sb_puts(b, "    ");
 }
 
 static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void py_json(sbuf_t *b, json_t *v, int level, bool sort) {
+static void py_json(sbuf *b, json_t *v, int level, bool sort) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         size_t n = json_object_size(v);
-        if (!n) { sb_str(b, "{}"); return; }
+        if (!n) { sb_puts(b, "{}"); return; }
         const char **keys = xmalloc(sizeof(char *) * n);
         size_t k = 0;
         const char *key;
         json_t *val;
         json_object_foreach(v, key, val) keys[k++] = key;
         if (sort) qsort(keys, n, sizeof *keys, cmp_key);
-        sb_str(b, "{");
+        sb_puts(b, "{");
         for (size_t i = 0; i < n; i++) {
             py_indent(b, level + 1);
             py_string(b, keys[i], strlen(keys[i]));
-            sb_str(b, ": ");
+            sb_puts(b, ": ");
             py_json(b, json_object_get(v, keys[i]), level + 1, false);
-            if (i + 1 < n) sb_str(b, ",");
+            if (i + 1 < n) sb_puts(b, ",");
         }
         py_indent(b, level);
-        sb_str(b, "}");
+        sb_puts(b, "}");
         free(keys);
         return;
     }
     case JSON_ARRAY: {
         size_t n = json_array_size(v);
-        if (!n) { sb_str(b, "[]"); return; }
-        sb_str(b, "[");
+        if (!n) { sb_puts(b, "[]"); return; }
+        sb_puts(b, "[");
         for (size_t i = 0; i < n; i++) {
             py_indent(b, level + 1);
             py_json(b, json_array_get(v, i), level + 1, false);
-            if (i + 1 < n) sb_str(b, ",");
+            if (i + 1 < n) sb_puts(b, ",");
         }
         py_indent(b, level);
-        sb_str(b, "]");
+        sb_puts(b, "]");
         return;
     }
     case JSON_STRING: py_string(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_INTEGER: sb_fmt(b, "%lld", (long long)json_integer_value(v)); return;
+    case JSON_INTEGER: sb_printf(b, "%lld", (long long)json_integer_value(v)); return;
     case JSON_REAL: py_float(b, json_real_value(v)); return;
-    case JSON_TRUE: sb_str(b, "true"); return;
-    case JSON_FALSE: sb_str(b, "false"); return;
-    case JSON_NULL: sb_str(b, "null"); return;
+    case JSON_TRUE: sb_puts(b, "true"); return;
+    case JSON_FALSE: sb_puts(b, "false"); return;
+    case JSON_NULL: sb_puts(b, "null"); return;
     }
 }
 
@@ -697,12 +672,12 @@ static int write_config(const char *from, const char *path, const lilac_config *
     json_object_set_new(root, "quantization_config", q);
     json_object_del(root, "_name_or_path");
     json_object_del(root, "vision_config");
-    sbuf_t b = {0};
+    sbuf b = {0};
     py_json(&b, root, 0, true);
     json_decref(root);
     FILE *f = fopen(path, "wb");
     int rc = 0;
-    if (!f || fwrite(b.p, 1, b.len, f) != b.len || fflush(f) != 0 || fsync(fileno(f)) != 0) rc = -1;
+    if (!f || fwrite(b.p, 1, b.n, f) != b.n || fflush(f) != 0 || fsync(fileno(f)) != 0) rc = -1;
     if (f && fclose(f) != 0) rc = -1;
     free(b.p);
     if (rc) return lilac_fail(err, "convert: writing %s failed: %s", path, strerror(errno));
@@ -1026,22 +1001,22 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         for (int i = 0; i < P.nt; i++)
             if (P.t[i].shard == sh) sorted[n++] = &P.t[i];
         qsort(sorted, (size_t)n, sizeof *sorted, cmp_otensor_name);
-        sbuf_t h = {0};
-        sb_str(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
+        sbuf h = {0};
+        sb_puts(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
         size_t off = 0;
         for (int i = 0; i < n; i++) {
             otensor *t = sorted[i];
             t->off = off;
-            sb_fmt(&h, ",\"%s\":{\"data_offsets\":[%zu,%zu],\"dtype\":\"%s\",\"shape\":[", t->name, off, off + t->nbytes,
+            sb_printf(&h, ",\"%s\":{\"data_offsets\":[%zu,%zu],\"dtype\":\"%s\",\"shape\":[", t->name, off, off + t->nbytes,
                    st_dtype_name(t->dtype));
-            for (int d = 0; d < t->ndim; d++) sb_fmt(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-            sb_str(&h, "]}");
+            for (int d = 0; d < t->ndim; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+            sb_puts(&h, "]}");
             off += t->nbytes;
         }
-        sb_str(&h, "}");
+        sb_puts(&h, "}");
         headers[sh] = h.p;
-        hlen[sh] = h.len;
-        shard_size[sh] = 8 + h.len + off;
+        hlen[sh] = h.n;
+        shard_size[sh] = 8 + h.n + off;
         out_total += shard_size[sh];
     }
     for (int i = 0; i < P.nt; i++) {
@@ -1180,8 +1155,8 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
 
     /* Index, config, tokenizer and template files. */
     {
-        sbuf_t ix = {0};
-        sb_fmt(&ix, "{\n    \"metadata\": {\n        \"total_size\": %zu,\n        \"total_parameters\": %lld\n    },\n    \"weight_map\": {",
+        sbuf ix = {0};
+        sb_printf(&ix, "{\n    \"metadata\": {\n        \"total_size\": %zu,\n        \"total_parameters\": %lld\n    },\n    \"weight_map\": {",
                total_size, (long long)total_params);
         otensor **byname = xmalloc(sizeof(otensor *) * (size_t)(P.nt ? P.nt : 1));
         for (int i = 0; i < P.nt; i++) byname[i] = &P.t[i];
@@ -1189,15 +1164,15 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         for (int i = 0; i < P.nt; i++) {
             if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
             else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", byname[i]->shard + 1, n_shards);
-            sb_str(&ix, "\n        ");
+            sb_puts(&ix, "\n        ");
             py_string(&ix, byname[i]->name, strlen(byname[i]->name));
-            sb_fmt(&ix, ": \"%s\"%s", fname, i + 1 < P.nt ? "," : "");
+            sb_printf(&ix, ": \"%s\"%s", fname, i + 1 < P.nt ? "," : "");
         }
-        sb_str(&ix, P.nt ? "\n    }\n}" : "}\n}");
+        sb_puts(&ix, P.nt ? "\n    }\n}" : "}\n}");
         free(byname);
         char *p = pjoin(tmp, "model.safetensors.index.json");
         FILE *f = fopen(p, "wb");
-        int bad = !f || fwrite(ix.p, 1, ix.len, f) != ix.len || fflush(f) != 0 || fsync(fileno(f)) != 0;
+        int bad = !f || fwrite(ix.p, 1, ix.n, f) != ix.n || fflush(f) != 0 || fsync(fileno(f)) != 0;
         if (f && fclose(f) != 0) bad = 1;
         free(ix.p);
         if (bad) {
@@ -1286,25 +1261,4 @@ out:
     st_close(&st);
     lilac_config_free(&cfg);
     return rc;
-}
-
-int cmd_convert(int argc, char **argv) {
-    const char *from = NULL, *to = NULL;
-    long bits = 4, group = 64, threads = 0, shard_mb = 0;
-    bool keep_mtp = false, quiet = false;
-    for (int i = 1; i < argc; i++)
-        if (!opt_str(argc, argv, &i, "--from", &from) && !opt_str(argc, argv, &i, "--to", &to) &&
-            !opt_int(argc, argv, &i, "--bits", &bits) && !opt_int(argc, argv, &i, "--group-size", &group) &&
-            !opt_int(argc, argv, &i, "--threads", &threads) && !opt_int(argc, argv, &i, "--shard-mb", &shard_mb) &&
-            !opt_flag(argc, argv, &i, "--keep-mtp", &keep_mtp) && !opt_flag(argc, argv, &i, "--quiet", &quiet))
-            opt_unknown("convert", argv[i]);
-    if (!from || !to)
-        lilac_die("usage: lilac convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N] [--quiet]");
-    if (threads < 0 || threads > 4096) lilac_die("--threads must be in 0..4096");
-    if (shard_mb < 0) lilac_die("--shard-mb must be positive");
-    lilac_convert_opts o = {.bits = (int)bits, .group = (int)group, .keep_mtp = keep_mtp, .quiet = quiet,
-                            .threads = (int)threads, .shard_bytes = (size_t)shard_mb << 20};
-    lilac_err err = {{0}};
-    if (lilac_convert(from, to, &o, &err) < 0) lilac_die("%s", err.msg);
-    return 0;
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "engine/sampler.h"
+#include "model/sampler.h"
 
 static lilac_sampling params(float T) {
     lilac_sampling p;
