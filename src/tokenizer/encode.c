@@ -32,27 +32,36 @@ void lilac_ids_free(lilac_ids *v) {
 /* A span between raw added tokens: NFC, then normalized added tokens, then split. */
 static int encode_span(enc_ctx *c, const uint8_t *s, size_t n, bool allow_norm_added);
 
-/* Sorted, merged "plain" ranges and a cursor over them. */
+/* Sorted, merged (disjoint, non-empty) "plain" ranges, with one cursor per
+ * query. Each query's start never decreases between calls, so each cursor only
+ * moves forward and all queries of one encode visit each range O(1) times. */
 typedef struct {
     const lilac_span *sp;
-    size_t n, i;
+    size_t n;
+    size_t i;     /* plain_allows: the first range that may end after its start */
+    size_t j;     /* plain_overlaps: likewise */
+    size_t steps; /* cursor moves and tests, for tok_encode_masked_steps */
 } plain_set;
 
-/* May an added token occupy [a, b)? (a never decreases between calls) */
-static bool plain_allows(plain_set *ps, size_t a, size_t b) {
-    if (!ps) return true;
-    while (ps->i < ps->n && ps->sp[ps->i].off + ps->sp[ps->i].len <= a) ps->i++;
-    if (ps->i == ps->n) return true;
-    return ps->sp[ps->i].off >= b;
+/* The first range at or after *cur that ends after a (n if none). */
+static size_t first_ending_after(plain_set *ps, size_t *cur, size_t a) {
+    while (*cur < ps->n && ps->sp[*cur].off + ps->sp[*cur].len <= a) (*cur)++, ps->steps++;
+    ps->steps++;
+    return *cur;
 }
 
-static bool plain_overlaps(const plain_set *ps, size_t a, size_t b) {
+/* May an added token occupy [a, b)? */
+static bool plain_allows(plain_set *ps, size_t a, size_t b) {
+    if (!ps) return true;
+    const size_t k = first_ending_after(ps, &ps->i, a);
+    return k == ps->n || ps->sp[k].off >= b;
+}
+
+/* Does [a, b) overlap a plain range? */
+static bool plain_overlaps(plain_set *ps, size_t a, size_t b) {
     if (!ps) return false;
-    for (size_t i = 0; i < ps->n; i++) {
-        size_t x = ps->sp[i].off, y = x + ps->sp[i].len;
-        if (x < b && y > a && ps->sp[i].len) return true;
-    }
-    return false;
+    const size_t k = first_ending_after(ps, &ps->j, a);
+    return k < ps->n && ps->sp[k].off < b;
 }
 
 static bool is_ws_cp(uint32_t c) {
@@ -184,7 +193,7 @@ static int cmp_span(const void *a, const void *b) {
 }
 
 static int encode_impl(const lilac_tokenizer *t, const char *text, size_t len, int mode, const lilac_span *plain,
-                       size_t n_plain, lilac_ids *out, lilac_err *err) {
+                       size_t n_plain, lilac_ids *out, size_t *steps, lilac_err *err) {
     size_t v = lilac_utf8_check(text, len);
     if (v != len) return lilac_fail(err, "input is not valid UTF-8 (byte %zu)", v);
     enc_ctx c;
@@ -225,6 +234,7 @@ static int encode_impl(const lilac_tokenizer *t, const char *text, size_t len, i
     if (mode == LILAC_TOK_PLAIN) rc = encode_span(&c, (const uint8_t *)text, len, false);
     else rc = split_added(&c, &t->raw_set, (const uint8_t *)text, len, psp, between_span, false);
 
+    if (steps) *steps = ps.steps;
     free(sorted);
     if (c.md) pcre2_match_data_free(c.md);
     free(c.norm.p);
@@ -243,10 +253,15 @@ static int encode_impl(const lilac_tokenizer *t, const char *text, size_t len, i
 int lilac_tok_encode(const lilac_tokenizer *t, const char *text, size_t len, int mode, lilac_ids *out,
                      lilac_err *err) {
     return encode_impl(t, text, len, mode == LILAC_TOK_SPECIAL ? LILAC_TOK_SPECIAL : LILAC_TOK_PLAIN, NULL, 0, out,
-                       err);
+                       NULL, err);
 }
 
 int lilac_tok_encode_masked(const lilac_tokenizer *t, const char *text, size_t len, const lilac_span *plain,
                             size_t n_plain, lilac_ids *out, lilac_err *err) {
-    return encode_impl(t, text, len, 2, plain, n_plain, out, err);
+    return encode_impl(t, text, len, 2, plain, n_plain, out, NULL, err);
+}
+
+int tok_encode_masked_steps(const lilac_tokenizer *t, const char *text, size_t len, const lilac_span *plain,
+                            size_t n_plain, lilac_ids *out, size_t *steps, lilac_err *err) {
+    return encode_impl(t, text, len, 2, plain, n_plain, out, steps, err);
 }

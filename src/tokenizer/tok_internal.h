@@ -163,4 +163,9 @@ typedef struct {
 /* Split s[0..n) with the pre-tokenizer's regex and BPE each piece into c->out. 0, or -1 + err. */
 int tok_split_and_bpe(enc_ctx *c, const uint8_t *s, size_t n);
 
+/* encode.c: lilac_tok_encode_masked, also counting in *steps the plain spans its
+ * overlap queries visit (the work that must stay linear in the number of spans). */
+int tok_encode_masked_steps(const lilac_tokenizer *t, const char *text, size_t len, const lilac_span *plain,
+                            size_t n_plain, lilac_ids *out, size_t *steps, lilac_err *err);
+
 #endif
