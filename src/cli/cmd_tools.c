@@ -23,7 +23,7 @@ static const char synth_help[] =
     "  --vocab V       a positive multiple of 64 (default 248320)\n"
     "  --router MODE   how the routers spread tokens over the 256 experts (default random);\n"
     "                  each mode is what the 8-bit affine router format can express:\n"
-    "    random  every router row random: tokens spread evenly; the default, unchanged output\n"
+    "    random  every router row random: tokens spread evenly (the default)\n"
     "    ties    every router row identical: every token's router logits tie exactly, so the\n"
     "            lowest-index rule routes every token to experts 0..7 (weight 1/8 each) and the\n"
     "            other 248 experts are empty, in every layer\n"

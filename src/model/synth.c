@@ -9,7 +9,7 @@
  * and activations stay in a realistic range through all 40 layers.
  *
  * `--router` changes only the router rows (and, for `one`/`skew`, the embedding
- * biases): see lilac_synth_router in synth.h. The default output is unchanged. */
+ * biases): see lilac_synth_router in synth.h; `random`, the default, changes nothing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>

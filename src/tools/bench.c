@@ -103,7 +103,7 @@ int lilac_bench(const lilac_bench_opts *o) {
     lilac_model m;
     if (lilac_model_load(&m, model, &err) < 0) lilac_die("%s", err.msg);
     const int64_t V = m.cfg.vocab;
-    /* LILAC_BENCH_TWO (an experiment, docs/perf.md run 151): after each length's rounds, time forward() of one token
+    /* LILAC_BENCH_TWO (a diagnostic, util/diag.h): after each length's rounds, time forward() of one token
      * and of two (what checking two drafted tokens costs through forward()'s many-token path); 51 more positions */
     const bool two_tok = lilac_diag()->bench_two;
     lilac_session *s = be->session_new(&m, max_len + steps + 2 + (two_tok ? 64 : 0), (int)threads, &err);
