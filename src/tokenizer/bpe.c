@@ -366,3 +366,17 @@ int tok_split_and_bpe(enc_ctx *c, const uint8_t *s, size_t n) {
     if (gap < n && bpe_piece(c, s + gap, n - gap)) return -1;
     return 0;
 }
+
+void tok_enc_ctx_free(enc_ctx *c) {
+    if (c->md) pcre2_match_data_free(c->md);
+    free(c->norm.p);
+    free(c->sid);
+    free(c->srank);
+    free(c->snew);
+    free(c->prev);
+    free(c->next);
+    free(c->heap);
+    free(c->cache);
+    free(c->cache_keys.p);
+    free(c->cache_ids);
+}

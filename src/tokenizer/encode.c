@@ -236,17 +236,7 @@ static int encode_impl(const lilac_tokenizer *t, const char *text, size_t len, i
 
     if (steps) *steps = ps.steps;
     free(sorted);
-    if (c.md) pcre2_match_data_free(c.md);
-    free(c.norm.p);
-    free(c.sid);
-    free(c.srank);
-    free(c.snew);
-    free(c.prev);
-    free(c.next);
-    free(c.heap);
-    free(c.cache);
-    free(c.cache_keys.p);
-    free(c.cache_ids);
+    tok_enc_ctx_free(&c);
     return rc;
 }
 

@@ -162,6 +162,8 @@ typedef struct {
 } enc_ctx;
 /* Split s[0..n) with the pre-tokenizer's regex and BPE each piece into c->out. 0, or -1 + err. */
 int tok_split_and_bpe(enc_ctx *c, const uint8_t *s, size_t n);
+/* Frees what an encode left in c (its match data and scratch), not c itself. */
+void tok_enc_ctx_free(enc_ctx *c);
 
 /* encode.c: lilac_tok_encode_masked, also counting in *steps the plain spans its
  * overlap queries visit (the work that must stay linear in the number of spans). */
