@@ -16,10 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/sampler.c"
 #include "server/outparse.c"
 #include "server/request.c"
-#include "server/sbuf.c"
 
 /* Values in a parsed JSON tree: each scalar, array and object, and each object key. */
 static size_t json_tree_count(const json_t *j) {

@@ -68,10 +68,10 @@ for b in build/fuzz/fuzz_*; do
 done
 # The device sampler's kernels (src/backend/cuda/cuda_sample.cu) on the CPU, through the
 # CUDA emulator of tests/cuda/emu: draw for draw against the host sampler, without a GPU.
-if require "emu/g++" command -v g++ && [ -f build/src/engine/sampler.o ]; then
+if require "emu/g++" command -v g++ && [ -f build/src/model/sampler.o ]; then
     run_suite "emu/test_sample" bash -c "g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc \
         -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
-        build/src/engine/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
+        build/src/model/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
         CUEMU_MAX_THREADS=128 build/test_sample_emu --quick"
 fi
 # The chunked GDN prefill (src/backend/cuda/cuda_gdn_chunk.cuh) on the same emulator, with its

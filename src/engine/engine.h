@@ -43,9 +43,9 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
-#include "../server/sbuf.h"
+#include "../model/sampler.h"
 #include "../tokenizer/tokenizer.h"
-#include "sampler.h"
+#include "../util/sbuf.h"
 
 #define ENG_MAX_TOP 20
 

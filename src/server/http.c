@@ -24,7 +24,7 @@
 #include "../model/safetensors.h"
 #include "outparse.h"
 #include "request.h"
-#include "sbuf.h"
+#include "../util/sbuf.h"
 #include "server.h"
 
 struct srv {

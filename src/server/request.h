@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../engine/sampler.h"
+#include "../model/sampler.h"
 
 typedef struct {
     int status;        /* HTTP status */

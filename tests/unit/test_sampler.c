@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "engine/sampler.h"
+#include "model/sampler.h"
 
 static lilac_sampling params(float T) {
     lilac_sampling p;
