@@ -55,7 +55,7 @@ all: $(BUILD)/lilac $(TEST_BIN) $(CUDA_TEST_BIN)
 
 $(BUILD)/liblilac.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/lilac: $(BUILD)/src/cli/main.o $(BUILD)/liblilac.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)

@@ -15,7 +15,10 @@
 #include "constrain/mask.c"
 #include "constrain/regex.c"
 #include "constrain/schema.c"
-#include "tokenizer/tokenizer.c"
+#include "tokenizer/unicode.c"
+#include "tokenizer/load.c"
+#include "tokenizer/bpe.c"
+#include "tokenizer/encode.c"
 
 #define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "invariant failed: %s\n", #c); abort(); } } while (0)
 
