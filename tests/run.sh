@@ -129,6 +129,10 @@ if require "py/.venv" test -x .venv/bin/python; then
         run_suite "asan-py/oracle-tiny" env LILAC=build/asan/lilac LILAC_ORACLE_CASES=tiny \
             ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
             .venv/bin/python -m pytest -q -p no:cacheprovider tests/oracle/test_model_vs_mlx.py tests/cli/test_quantize_at_load.py
+        # The network-facing server under AddressSanitizer + UBSan: the whole server suite again.
+        run_suite "asan-py/server" env LILAC=build/asan/lilac \
+            ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+            .venv/bin/python -m pytest -q -p no:cacheprovider tests/server
     fi
 fi
 echo "$TOTAL_P passed, $TOTAL_F failed"

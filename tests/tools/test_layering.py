@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
-ORDER = ["util", "model", "tokenizer", "chat", "backend", "engine", "tools", "server", "cli"]
+ORDER = ["util", "model", "tokenizer", "constrain", "chat", "backend", "engine", "tools", "server", "cli"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
