@@ -269,7 +269,6 @@ typedef struct {
     sbuf *out;
     api_result r;
     char id[48], *model;
-    json_t *req;
     int kind, index; /* the open block and its index (next index when none is open) */
     int n_calls;
 } mstream;
