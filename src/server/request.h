@@ -20,7 +20,10 @@ typedef struct {
     char param[64];    /* "" -> null */
     char message[600];
     long n_prompt, n_ctx; /* context errors: > 0 adds n_prompt_tokens / n_ctx */
+    int shape;            /* SRV_SHAPE_*: how the body is written */
 } srv_error;
+
+enum { SRV_SHAPE_OPENAI, SRV_SHAPE_ANTHROPIC };
 
 /* Fill e; returns -1 for `return srv_err(...)`. */
 int srv_err(srv_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
@@ -33,16 +36,27 @@ enum { SET_TEMP = 1, SET_TOP_P = 2, SET_TOP_K = 4, SET_MIN_P = 8, SET_REP = 16, 
 
 enum { TOOLS_NONE, TOOLS_AUTO, TOOLS_REQUIRED, TOOLS_NAMED };
 
+#define SRV_MAX_CHOICES 16 /* n and best_of */
+#define SRV_MAX_PROMPTS 64 /* prompts in one /v1/completions request */
+#define SRV_MAX_JOBS 64    /* prompts x best_of */
+
+typedef struct {
+    const char *text; /* borrowed from root; NULL when given as ids */
+    size_t len;
+    int32_t *ids;     /* owned */
+    int n_ids;
+} srv_prompt;
+
 typedef struct {
     req_kind kind;
     json_t *root;            /* the parsed body (owned) */
     json_t *messages;        /* chat: a normalised copy (owned; developer -> system) */
     const json_t *tools;     /* chat: borrowed from root; NULL if absent or tool_choice "none" */
     int tool_choice;
-    const char *prompt;      /* completion: text (borrowed from root) */
-    size_t prompt_len;
-    int32_t *prompt_ids;     /* completion: given as token ids (owned) */
-    int n_prompt_ids;
+    srv_prompt *prompts;     /* completion: one or more prompts, text or token ids (owned) */
+    int n_prompts;
+    int n, best_of;          /* choices per prompt; candidates they are chosen from (>= n) */
+    bool echo;               /* completion: the prompt precedes the text */
     const char *model;       /* "" when absent */
     bool stream, include_usage;
     long max_tokens;         /* -1: not given */
@@ -61,6 +75,8 @@ typedef struct {
 /* Parse and validate `len` bytes of body. 0, or -1 with e filled (r is then
  * freed already). */
 int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e);
+/* The same, from a parsed body (taken over: freed with r or on error). */
+int srv_parse_request_json(json_t *root, req_kind kind, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 
 /* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e.

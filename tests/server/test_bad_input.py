@@ -109,8 +109,8 @@ def body_cases():
         "repeat_penalty": [0, "x"],
         "seed": ["x", 1.5, [], {}],
         "stop": [1, [1], [None], {"a": 1}, ["a"] * 17, ["a" * 3000], True],
-        "n": [2, 0, -1, "x", 100],
-        "best_of": [2],
+        "n": [17, 0, -1, "x", 100],
+        "best_of": [0, 17, "x"],
         "stream": ["yes", 1, [], {}],
         "stream_options": ["x", 1, [], {"include_usage": "yes"}],
         "logprobs": ["x", 1, []],
@@ -135,11 +135,11 @@ def body_cases():
             if k not in chat_only:  # the same fields on /v1/completions
                 add(f"cmpl_{k}_{i}", {"prompt": "hello", k: v}, "/v1/completions")
     # completions
-    for i, p in enumerate([None, 1, "", [], [""], ["a", "b"], [1, "a"], [[1, 2], [3]], [-1], [2 ** 40], [1.5],
-                           {"a": 1}, [10 ** 6], True]):
+    for i, p in enumerate([None, 1, "", [], [""], ["a", ""], [1, "a"], [[1, 2], []], [-1], [2 ** 40], [1.5],
+                           {"a": 1}, [10 ** 6], True, ["a"] * 65]):
         add(f"prompt{i}", {"prompt": p} if p is not None else {}, "/v1/completions")
-    for i, extra in enumerate([{"echo": True}, {"suffix": "x"}, {"logprobs": 21}, {"logprobs": -1}, {"n": 3},
-                               {"best_of": 3}, {"prompt": "x" * 30000}]):
+    for i, extra in enumerate([{"echo": True, "logprobs": 1}, {"suffix": "x"}, {"logprobs": 21}, {"logprobs": -1},
+                               {"n": 3, "best_of": 2}, {"best_of": 3, "stream": True}, {"prompt": "x" * 30000}]):
         b = {"prompt": "hello"}
         b.update(extra)
         add(f"cmpl_extra{i}", b, "/v1/completions")
