@@ -309,8 +309,8 @@ static void print_loaded(const char *cmd, const engine_opts *o, const loaded *L)
     if (L->m.layout == LAYOUT_MLX) snprintf(fmt, sizeof fmt, "MLX %d-bit, group %d", c->q_bits, c->q_group);
     else snprintf(fmt, sizeof fmt, "HF bf16");
     const double bytes = file_bytes(&L->m);
-    fprintf(stderr, "lilac %s: loaded %s (%s, %d layers, %d experts, %.*f %s) in %.2f s\n", cmd, o->model, fmt, c->n_layers,
-            c->n_experts, bytes < 1e9 ? 1 : 2, bytes < 1e9 ? bytes / 1e6 : bytes / 1e9, bytes < 1e9 ? "MB" : "GB", L->load_s);
+    fprintf(stderr, "lilac %s: loaded %s (%s, %d layers of which %d attention, %d experts, %.*f %s) in %.2f s\n", cmd, o->model,
+            fmt, c->n_layers, n_full, c->n_experts, bytes < 1e9 ? 1 : 2, bytes < 1e9 ? bytes / 1e6 : bytes / 1e9, bytes < 1e9 ? "MB" : "GB", L->load_s);
     fprintf(stderr, "lilac %s: %s\n", cmd, L->where);
     fprintf(stderr, "lilac %s: %s\n", cmd, L->context);
 }

@@ -86,7 +86,7 @@ def test_max_seq_beyond_the_model_is_an_error():
 
 def test_startup_lines_say_what_and_where(server):
     log = server.text()
-    assert re.search(r"loaded \S+ \(MLX 4-bit, group 64, 4 layers, 16 experts, [\d.]+ MB\) in [\d.]+ s", log), log
+    assert re.search(r"loaded \S+ \(MLX 4-bit, group 64, 4 layers of which 1 attention, 16 experts, [\d.]+ MB\) in [\d.]+ s", log), log
     assert "backend cpu, 1 thread" in log, log
     assert re.search(r"context 2048 tokens per slot \(--max-seq\), 2 slot\(s\): KV cache and state [\d.]+ GiB per slot", log), log
     # the order: what was loaded, then where it listens
