@@ -1,6 +1,7 @@
 /* cmd_serve.c — `lilac serve` (the OpenAI-compatible server), `lilac demo`
  * (build the small random demo model once, then serve it) and `lilac chat`
  * (an interactive terminal chat on the same engine). */
+#include <ctype.h>
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
@@ -71,18 +72,31 @@ static void add_eos(loaded *L, int32_t id) {
 /* ---- loading ------------------------------------------------------------------- */
 
 #ifdef LILAC_CUDA
-/* The CUDA runtime's C entry points (cudart is linked with the CUDA backend); the
- * device-properties struct is larger in each release: a generous buffer, of which
- * only the leading name is read. */
+/* Two of the CUDA runtime's C entry points (cudart is linked with the CUDA backend). */
 int cudaMemGetInfo(size_t *free_b, size_t *total_b);
-int cudaGetDeviceProperties(void *prop, int device);
+int cudaDeviceGetPCIBusId(char *bus, int len, int device);
+/* Device 0's name (the driver's /proc entry for its PCI address) and memory. */
 static bool gpu_info(char *name, size_t cap, double *free_b, double *total_b) {
-    static _Alignas(64) char prop[65536];
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) != 0) return false;
     *free_b = (double)fr;
     *total_b = (double)tot;
-    snprintf(name, cap, "%s", cudaGetDeviceProperties(prop, 0) == 0 ? prop : "GPU 0");
+    char bus[64] = "", path[160], line[256];
+    snprintf(name, cap, "GPU 0");
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, 0) != 0) return true;
+    for (char *p = bus; *p; p++) *p = (char)tolower((unsigned char)*p);
+    snprintf(name, cap, "GPU 0 (%s)", bus);
+    snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%s/information", bus);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Model:", 6)) {
+            char *m = line + 6;
+            while (*m == ' ' || *m == '\t') m++;
+            m[strcspn(m, "\n")] = 0;
+            snprintf(name, cap, "%s", m);
+        }
+    fclose(f);
     return true;
 }
 #endif
