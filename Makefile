@@ -16,7 +16,7 @@ CPU_ARCH ?= -march=native
 OPT     ?= -O2 $(CPU_ARCH)
 WERROR  ?= -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(EXTRA_CFLAGS)
-LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
+LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -ledit -lm -lpthread -fopenmp
 
 COMMA   := ,
 BUILD   ?= build
@@ -106,13 +106,16 @@ build/fuzz/%: fuzz/%.c $(LIB_SRC)
 deps:
 	bash tools/deps.sh
 
-# The main job: build, then run lilac on MODEL (or $$LILAC_MODEL).
+# The main job: build, then run lilac on MODEL (or $$LILAC_MODEL); without one, serve the
+# demo model (`lilac demo`, ARGS= passes it serve options, e.g. ARGS="--port 8080").
 MODEL ?= $(LILAC_MODEL)
 run:
 	bash tools/deps.sh --c-only
 	$(MAKE) $(BUILD)/lilac
-	@if [ -z "$(MODEL)" ]; then ./$(BUILD)/lilac info; exit 1; fi
-	./$(BUILD)/lilac info --model "$(MODEL)"
+	@if [ -z "$(MODEL)" ]; then \
+	    echo "make run: no MODEL= (or LILAC_MODEL): serving the demo model (random weights); make run MODEL=DIR runs the real one"; \
+	    exec ./$(BUILD)/lilac demo $(ARGS); fi; \
+	./$(BUILD)/lilac info --model "$(MODEL)" && \
 	./$(BUILD)/lilac generate --model "$(MODEL)" --prompt "Hello! Who are you?" --chat --no-thinking --max-tokens 32 --timing
 
 test: deps

@@ -20,8 +20,12 @@ int cmd_demo(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 
-/* Option parsing: at argv[*i], if the word is `name`, consume its value
- * (--name V or --name=V) into *out and return true. Dies on a missing value. */
+/* `lilac <cmd> --help` text (help.c); NULL for a command that prints its own. */
+const char *cli_help(const char *cmd);
+
+/* Option parsing: at argv[*i], if the word is `name` (or one of its aliases,
+ * opt_alias), consume its value (--name V or --name=V) into *out and return
+ * true. Dies on a missing value. */
 bool opt_str(int argc, char **argv, int *i, const char *name, const char **out);
 bool opt_int(int argc, char **argv, int *i, const char *name, long *out);
 /* The same, dying with the range unless the value is an integer in lo..hi (a
@@ -31,6 +35,9 @@ bool opt_real(int argc, char **argv, int *i, const char *name, double lo, double
 /* Most threads any command accepts (--threads). */
 #define OPT_MAX_THREADS 1024
 bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out);
+/* The k-th alias of a flag (llama.cpp's or vLLM's spelling: "-m" for
+ * "--model"), NULL past the last. */
+const char *opt_alias(const char *name, int k);
 /* Dies with "unknown option" naming the command. */
 _Noreturn void opt_unknown(const char *cmd, const char *word);
 

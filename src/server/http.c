@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -22,9 +23,11 @@
 #include "../chat/chat.h"
 #include "../model/config.h"
 #include "../model/safetensors.h"
+#include "../util/log.h"
 #include "api.h"
 #include "info.h"
 #include "messages.h"
+#include "metrics.h"
 #include "outparse.h"
 #include "request.h"
 #include "../util/sbuf.h"
@@ -41,6 +44,12 @@ struct srv {
     atomic_int active; /* requests between their first byte and completion */
     atomic_int damage_logged;
     char *allowed_hosts; /* effective Host allowlist (owned) */
+    int listen_fd;       /* the listening socket (MHD_OPTION_LISTEN_SOCKET), closed after the daemon stops */
+    char url[160];       /* http://host:port, as announced */
+    srv_metrics *metrics;
+    /* requests between their headers and their completion, for the KV-usage gauges */
+    pthread_mutex_t live_mu;
+    struct conn_ctx *live;
     /* deadlines: every open connection, checked by the watchdog thread */
     pthread_mutex_t track_mu;
     pthread_cond_t track_cv;
@@ -68,12 +77,17 @@ void srv_options_default(srv_options *o) {
 
 /* ---- per-connection state --------------------------------------------------- */
 
-typedef struct {
+typedef struct conn_ctx {
     srv *S;
     sbuf body;
     int route;
     bool responded;
-    eng_job *job; /* a reference, so the completion callback can cancel it */
+    eng_job *job; /* a reference, so the completion callback can cancel it; set under S->live_mu */
+    /* for the request log line */
+    struct conn_ctx *prev, *next; /* in S->live */
+    double t0;
+    char method[12];
+    char path[128];
 } conn_ctx;
 
 /* One open connection (MHD's socket context), in S->tracks under track_mu.
@@ -87,6 +101,86 @@ typedef struct track {
     double deadline; /* lilac_now() seconds; 0: none (a request is being answered) */
     bool body_phase; /* the deadline is the body's */
 } track;
+
+/* ---- request log and per-request metrics ----------------------------------------- */
+
+/* A new request: remembered for its log line, and listed for the KV-usage gauges. */
+static void conn_begin(srv *S, conn_ctx *cc, const char *method, const char *url) {
+    cc->t0 = lilac_now();
+    snprintf(cc->method, sizeof cc->method, "%s", method);
+    /* the path only, printable bytes only: a log line is one line */
+    size_t n = 0;
+    for (const char *p = url; *p && *p != '?' && n + 1 < sizeof cc->path; p++)
+        cc->path[n++] = (unsigned char)*p > 0x20 && (unsigned char)*p < 0x7f ? *p : '?';
+    cc->path[n] = 0;
+    pthread_mutex_lock(&S->live_mu);
+    cc->next = S->live;
+    if (S->live) S->live->prev = cc;
+    S->live = cc;
+    pthread_mutex_unlock(&S->live_mu);
+}
+
+static void conn_unlist(srv *S, conn_ctx *cc) {
+    pthread_mutex_lock(&S->live_mu);
+    if (cc->prev) cc->prev->next = cc->next;
+    else if (S->live == cc) S->live = cc->next;
+    if (cc->next) cc->next->prev = cc->prev;
+    cc->prev = cc->next = NULL;
+    pthread_mutex_unlock(&S->live_mu);
+}
+
+/* The request is over (answered, or the client went away): its log line, and its
+ * generation's latencies for /metrics. */
+static void conn_end(srv *S, struct MHD_Connection *c, conn_ctx *cc, bool completed) {
+    conn_unlist(S, cc);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_HTTP_STATUS);
+    unsigned status = ci ? ci->http_status : 0;
+    double now = lilac_now();
+    eng_job *j = cc->job;
+    int n_prompt = 0, n_gen = 0;
+    double ttft = -1;
+    char finish[16] = "";
+    if (j) {
+        pthread_mutex_lock(&j->mu);
+        bool done = j->state == JOB_DONE;
+        n_prompt = j->n_prompt;
+        n_gen = j->n_gen;
+        if (j->t_first > 0) ttft = j->t_first - j->t_submit;
+        snprintf(finish, sizeof finish, "%s", done ? j->finish : "cancelled");
+        double e2e = (done ? j->t_end : now) - j->t_submit, itl = 0;
+        if (done && n_gen > 1 && j->t_first > 0) itl = (j->t_end - j->t_first) / (n_gen - 1);
+        pthread_mutex_unlock(&j->mu);
+        const char *reason = !strcmp(finish, "stop") ? "stop" : !strcmp(finish, "length") ? "length"
+                           : !strcmp(finish, "cancelled") ? "abort" : NULL;
+        if (reason) srv_metrics_observe(S->metrics, reason, e2e, ttft, itl, itl > 0 ? n_gen - 1 : 0, n_prompt, n_gen);
+    }
+    if (!lilac_log_on(LOG_INFO)) return;
+    char client[INET6_ADDRSTRLEN + 2] = "-";
+    const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ai && ai->client_addr) {
+        const struct sockaddr *sa = ai->client_addr;
+        if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, client, sizeof client);
+        else if (sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, client, sizeof client);
+    }
+    char st[16] = "-", tt[32] = "-";
+    if (status) snprintf(st, sizeof st, "%u", status);
+    if (ttft >= 0) snprintf(tt, sizeof tt, "%.3f", ttft);
+    if (j)
+        lilac_log(LOG_INFO, "serve", "%s %s %s client=%s prompt_tokens=%d completion_tokens=%d ttft_s=%s duration_s=%.3f finish=%s%s",
+                  cc->method, cc->path, st, client, n_prompt, n_gen, tt, now - cc->t0, finish[0] ? finish : "-",
+                  completed ? "" : " (connection closed early)");
+    else
+        lilac_log(LOG_INFO, "serve", "%s %s %s client=%s duration_s=%.3f%s", cc->method, cc->path, st, client,
+                  now - cc->t0, completed ? "" : " (connection closed early)");
+    if (S->o.log_prompts && cc->body.n) {
+        size_t n = cc->body.n < 65536 ? cc->body.n : 65536;
+        sbuf b = {0};
+        sb_json_str(&b, cc->body.p, n);
+        lilac_log(LOG_INFO, "serve", "%s %s body=%s%s", cc->method, cc->path, b.p, n < cc->body.n ? " (cut)" : "");
+        sb_free(&b);
+    }
+}
 
 /* ---- small helpers ------------------------------------------------------------- */
 
@@ -489,7 +583,9 @@ static int submit(srv *S, conn_ctx *cc, gen_req *g, srv_error *e) {
                            "the server is busy: the request queue is full, retry later");
         }
     eng_job_ref(g->jobs[0]);
+    pthread_mutex_lock(&S->live_mu);
     cc->job = g->jobs[0];
+    pthread_mutex_unlock(&S->live_mu);
     return 0;
 }
 
@@ -1174,12 +1270,33 @@ static enum MHD_Result handle_count_tokens(srv *S, struct MHD_Connection *c, con
     return ok;
 }
 
+/* Tokens the sequences being processed hold (prompt + generated so far): the
+ * KV-cache usage the vLLM and llama.cpp gauges report, over slots x context. */
+static long long kv_tokens_in_use(srv *S) {
+    long long n = 0;
+    pthread_mutex_lock(&S->live_mu);
+    for (conn_ctx *cc = S->live; cc; cc = cc->next) {
+        eng_job *j = cc->job;
+        if (!j) continue;
+        pthread_mutex_lock(&j->mu);
+        if (j->state == JOB_PREFILL || j->state == JOB_DECODE) n += j->n_prompt + j->n_gen;
+        pthread_mutex_unlock(&j->mu);
+    }
+    pthread_mutex_unlock(&S->live_mu);
+    return n;
+}
+
 static enum MHD_Result handle_metrics(srv *S, struct MHD_Connection *c) {
     eng_stats st = {0};
     if (S->b.engine) eng_get_stats(S->b.engine, &st);
     sbuf b = {0};
 #define M(name, type, help, fmt, val) \
     sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " " type "\n" name " " fmt "\n", val)
+    long long kv_used = kv_tokens_in_use(S), kv_cap = (long long)st.n_slots * (long long)S->b.max_seq;
+    double kv_ratio = kv_cap > 0 ? (double)(kv_used < kv_cap ? kv_used : kv_cap) / (double)kv_cap : 0.0;
+    M("llamacpp:kv_cache_usage_ratio", "gauge", "KV-cache usage: tokens of the sequences being processed / (slots x context).",
+      "%.6f", kv_ratio);
+    M("llamacpp:kv_cache_tokens", "gauge", "Tokens of the sequences being processed.", "%lld", kv_used);
     M("llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (prefill).", "%llu", (unsigned long long)st.prompt_tokens);
     M("llamacpp:prompt_seconds_total", "counter", "Prefill time in seconds.", "%.6f", st.prompt_seconds);
     M("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", "%llu", (unsigned long long)st.gen_tokens);
@@ -1215,6 +1332,23 @@ static enum MHD_Result handle_metrics(srv *S, struct MHD_Connection *c) {
       (unsigned long long)st.cache_evictions);
     M("lilac:prefix_cache_restores_total", "counter", "Snapshots restored.", "%llu", (unsigned long long)st.cache_restores);
 #undef M
+    /* vLLM's names, labelled with the model name as vLLM labels them */
+    sbuf lab = {0};
+    sb_puts(&lab, "{model_name=\"");
+    srv_metrics_label(&lab, S->o.alias);
+    sb_puts(&lab, "\"}");
+#define V(name, type, help, fmt, val) \
+    sb_printf(&b, "# HELP " name " " help "\n# TYPE " name " " type "\n" name "%s " fmt "\n", lab.p, val)
+    V("vllm:num_requests_running", "gauge", "Requests being generated (in a slot).", "%d", st.running);
+    V("vllm:num_requests_waiting", "gauge", "Requests waiting in the queue.", "%d", st.queued);
+    V("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 0..1 (1: full).", "%.6f", kv_ratio);
+    V("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage, 0..1 (the older name).", "%.6f", kv_ratio);
+    V("vllm:prompt_tokens_total", "counter", "Prompt tokens of generation requests (prefilled + reused from the prefix cache).",
+      "%llu", (unsigned long long)(st.prompt_tokens + st.cached_tokens));
+    V("vllm:generation_tokens_total", "counter", "Tokens generated.", "%llu", (unsigned long long)st.gen_tokens);
+#undef V
+    srv_metrics_write(S->metrics, &b, S->o.alias);
+    sb_free(&lab);
     sb_puts(&b, "# HELP lilac:time_to_first_token_seconds Time from queueing to the first generated token.\n"
                 "# TYPE lilac:time_to_first_token_seconds histogram\n");
     uint64_t total = 0;
@@ -1564,6 +1698,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cc = xcalloc(1, sizeof *cc);
         cc->S = S;
         *con_cls = cc;
+        conn_begin(S, cc, method, url);
         atomic_fetch_add(&S->active, 1);
         atomic_fetch_add(&S->http_requests, 1);
         srv_error e;
@@ -1625,6 +1760,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) track_set(S, c, S->o.timeout_s + S->o.header_timeout_s, false);
     if (!cc) return;
     atomic_fetch_sub(&S->active, 1);
+    conn_end(S, c, cc, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
     if (cc->job) {
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) eng_job_cancel(cc->job);
         eng_job_unref(cc->job);
@@ -1636,9 +1772,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
     srv *S = cls;
-    if (S->o.quiet) return;
-    fprintf(stderr, "lilac serve: ");
-    vfprintf(stderr, fmt, ap);
+    if (S->o.quiet || !lilac_log_on(LOG_WARN)) return;
+    char m[1024];
+    vsnprintf(m, sizeof m, fmt, ap);
+    lilac_log(LOG_WARN, "serve", "%s", m);
 }
 
 static void srv_free(srv *S) {
@@ -1651,30 +1788,113 @@ static void srv_free(srv *S) {
     }
     pthread_mutex_destroy(&S->track_mu);
     pthread_cond_destroy(&S->track_cv);
+    pthread_mutex_destroy(&S->live_mu);
+    if (S->listen_fd >= 0) close(S->listen_fd);
+    srv_metrics_free(S->metrics);
     free(S->allowed_hosts);
     free(S);
+}
+
+/* --host as an address: IPv4, IPv6 (brackets allowed: "[::1]"), or a name
+ * (localhost), resolved; a name with both families takes its IPv4 address, the
+ * one every client tries. 0, or -1 + err. */
+static int resolve_host(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len, lilac_err *err) {
+    char h[256];
+    size_t n = strlen(host);
+    if (n >= sizeof h) return lilac_fail(err, "serve: --host \"%.40s…\" is too long", host);
+    if (n >= 2 && host[0] == '[' && host[n - 1] == ']') {
+        memcpy(h, host + 1, n - 2);
+        h[n - 2] = 0;
+    } else snprintf(h, sizeof h, "%s", host);
+    if (!h[0]) return lilac_fail(err, "serve: --host is empty");
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    int rc = getaddrinfo(h, NULL, &hints, &res);
+    if (rc != 0) return lilac_fail(err, "serve: --host \"%s\": not an address, and the name does not resolve (%s)", host, gai_strerror(rc));
+    const struct addrinfo *pick = NULL;
+    for (const struct addrinfo *a = res; a; a = a->ai_next)
+        if (a->ai_family == AF_INET && !pick) pick = a;
+    for (const struct addrinfo *a = res; a && !pick; a = a->ai_next)
+        if (a->ai_family == AF_INET6) pick = a;
+    if (!pick) {
+        freeaddrinfo(res);
+        return lilac_fail(err, "serve: --host \"%s\" has no IPv4 or IPv6 address", host);
+    }
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, pick->ai_addr, pick->ai_addrlen);
+    *len = pick->ai_addrlen;
+    if (ss->ss_family == AF_INET) ((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+    else ((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+    freeaddrinfo(res);
+    return 0;
+}
+
+/* The listening socket, made here so that a busy port is an error of its own
+ * (no SO_REUSEPORT: a second server on the port must fail, not share it). */
+static int open_listener(srv *S, const struct sockaddr_storage *ss, socklen_t len, lilac_err *err) {
+    char addr[INET6_ADDRSTRLEN] = "?";
+    const bool v6 = ss->ss_family == AF_INET6;
+    if (v6) inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)ss)->sin6_addr, addr, sizeof addr);
+    else inet_ntop(AF_INET, &((const struct sockaddr_in *)ss)->sin_addr, addr, sizeof addr);
+    int port = ntohs(v6 ? ((const struct sockaddr_in6 *)ss)->sin6_port : ((const struct sockaddr_in *)ss)->sin_port);
+    int fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return lilac_fail(err, "serve: cannot make a socket: %s", strerror(errno));
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one); /* a restart while old connections linger in TIME_WAIT */
+    if (v6 && IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)ss)->sin6_addr))
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero); /* "::" takes IPv4 too */
+    if (bind(fd, (const struct sockaddr *)ss, len) != 0 || listen(fd, 128) != 0) {
+        int e = errno;
+        close(fd);
+        const char *fmt_host = v6 ? "[%s]" : "%s";
+        char h[INET6_ADDRSTRLEN + 2];
+        snprintf(h, sizeof h, fmt_host, addr);
+        if (e == EADDRINUSE)
+            return lilac_fail(err, "serve: cannot listen on %s:%d: port %d is already in use (another server?); choose "
+                                   "another --port", h, port, port);
+        if (e == EADDRNOTAVAIL)
+            return lilac_fail(err, "serve: cannot listen on %s:%d: no interface of this machine has that address (--host)", h, port);
+        if (e == EACCES)
+            return lilac_fail(err, "serve: cannot listen on %s:%d: permission denied (ports below 1024 need privileges)", h, port);
+        return lilac_fail(err, "serve: cannot listen on %s:%d: %s", h, port, strerror(e));
+    }
+    struct sockaddr_storage got;
+    socklen_t gl = sizeof got;
+    if (getsockname(fd, (struct sockaddr *)&got, &gl) == 0)
+        port = ntohs(v6 ? ((struct sockaddr_in6 *)&got)->sin6_port : ((struct sockaddr_in *)&got)->sin_port);
+    snprintf(S->url, sizeof S->url, v6 ? "http://[%s]:%d" : "http://%s:%d", addr, port);
+    S->listen_fd = fd;
+    return port;
 }
 
 srv *srv_start(const srv_options *o, int *port_out, lilac_err *err) {
     signal(SIGPIPE, SIG_IGN);
     srv *S = xcalloc(1, sizeof *S);
     S->o = *o;
+    S->listen_fd = -1;
     pthread_mutex_init(&S->track_mu, NULL);
     pthread_cond_init(&S->track_cv, NULL);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)o->port);
-    if (inet_pton(AF_INET, o->host, &sa.sin_addr) != 1) {
-        lilac_fail(err, "serve: --host \"%s\" is not an IPv4 address", o->host);
+    pthread_mutex_init(&S->live_mu, NULL);
+    S->metrics = srv_metrics_new();
+    struct sockaddr_storage ss;
+    socklen_t sl = 0;
+    int port;
+    if (resolve_host(o->host, o->port, &ss, &sl, err) < 0 || (port = open_listener(S, &ss, sl, err)) < 0) {
         srv_free(S);
         return NULL;
     }
+    const bool v6 = ss.ss_family == AF_INET6;
     /* Host allowlist (DNS rebinding): bound to loopback, only loopback names unless told */
-    bool loopback = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+    bool loopback = v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr)
+                       : (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
     if (o->allowed_hosts && strcmp(o->allowed_hosts, "*")) S->allowed_hosts = xstrdup(o->allowed_hosts);
     else if (!o->allowed_hosts && loopback) {
-        char b[128];
-        snprintf(b, sizeof b, "localhost,127.0.0.1,[::1],%s", o->host);
+        char b[400];
+        const char *h = S->url + 7; /* the bound address, bracketed for IPv6 */
+        const char *colon = strrchr(h, ':');
+        snprintf(b, sizeof b, "localhost,127.0.0.1,[::1],%.*s,%s", (int)(colon - h), h, o->host);
         S->allowed_hosts = xstrdup(b);
     }
     srv_json_max_values = o->max_json_values ? o->max_json_values : SRV_JSON_MAX_VALUES;
@@ -1684,25 +1904,25 @@ srv *srv_start(const srv_options *o, int *port_out, lilac_err *err) {
         return NULL;
     }
     S->watchdog_started = true;
-    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG,
-                            (uint16_t)o->port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
+    S->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG |
+                                (v6 ? MHD_USE_IPv6 : 0),
+                            (uint16_t)port, NULL, NULL, on_request, S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, S,
+                            MHD_OPTION_LISTEN_SOCKET, (MHD_socket)S->listen_fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, S,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, S, MHD_OPTION_CONNECTION_TIMEOUT,
                             (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o->max_conns_per_client,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_LISTENING_ADDRESS_REUSE, 1,
-                            MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024), MHD_OPTION_END);
     if (!S->d) {
-        lilac_fail(err, "serve: cannot listen on %s:%d (%s)", o->host, o->port, strerror(errno));
+        lilac_fail(err, "serve: cannot start the HTTP server on %s (%s)", S->url, strerror(errno));
+        S->listen_fd = -1; /* MHD may have closed it */
         srv_free(S);
         return NULL;
     }
-    if (port_out) {
-        const union MHD_DaemonInfo *di = MHD_get_daemon_info(S->d, MHD_DAEMON_INFO_BIND_PORT);
-        *port_out = di ? di->port : o->port;
-    }
+    if (port_out) *port_out = port;
     return S;
 }
+
+const char *srv_url(const srv *S) { return S->url; }
 
 void srv_set_ready(srv *S, const srv_backend *b) {
     S->b = *b;
@@ -1718,7 +1938,7 @@ void srv_stop(srv *S) {
     double t0 = lilac_now();
     while (atomic_load(&S->active) > 0 && lilac_now() - t0 < 5) usleep(10000);
     MHD_stop_daemon(S->d);
-    if (ls != MHD_INVALID_SOCKET) close(ls);
+    if (ls != MHD_INVALID_SOCKET && ls != S->listen_fd) close(ls);
     srv_free(S);
 }
 

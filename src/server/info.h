@@ -7,10 +7,6 @@
 #include "../util/sbuf.h"
 #include "server.h"
 
-#ifndef LILAC_VERSION
-#define LILAC_VERSION "0.1.0"
-#endif
-
 /* {"version", "build_info", "compiler"} */
 void info_version(sbuf *b);
 /* b: the model is loaded; n_slots from the engine. */

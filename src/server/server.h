@@ -44,6 +44,7 @@ typedef struct {
     bool disconnect_check;     /* probe the client socket for a reset while waiting */
     bool strict_model;         /* 404 for a model name other than the alias */
     bool quiet;
+    bool log_prompts;          /* the request log holds each body (default: never prompt text) */
 } srv_options;
 
 void srv_options_default(srv_options *o);
@@ -61,9 +62,13 @@ typedef struct {
 
 typedef struct srv srv;
 
-/* Start listening (/health answers 503 until srv_set_ready). The chosen port
- * is in *port_out when port_out is not NULL. NULL + err on failure. */
+/* Start listening (/health answers 503 until srv_set_ready). The host is an
+ * IPv4 or IPv6 address ("::1" or "[::1]") or a name; the port must be free (a
+ * busy port is an error naming it). The chosen port is in *port_out when
+ * port_out is not NULL. NULL + err on failure. */
 srv *srv_start(const srv_options *o, int *port_out, lilac_err *err);
+/* "http://host:port" (IPv6 in brackets), the address it listens on. */
+const char *srv_url(const srv *s);
 void srv_set_ready(srv *s, const srv_backend *b);
 /* Stop accepting, cancel in-flight work (streams end with an error event),
  * join every connection thread. The engine is left to the caller to free. */

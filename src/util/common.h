@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The release, printed by `lilac --version` and served at /version and /props. */
+#define LILAC_VERSION "0.1.0"
+
 /* Error reporting without exceptions: a function that can fail takes a
  * `lilac_err *` and fills it with one human-readable line; callers decide
  * whether to print and exit. The message always names the file/tensor/field. */
