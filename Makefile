@@ -72,14 +72,6 @@ $(BUILD)/cuda-tests/%: tests/cuda/%.cu $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
 
-# bench_gemv's build variants (cuda_gemv.cuh): the decode GEMV for three blocks per SM
-# (GEMV_MINB), and with marks inside its input staging (GEMV_STAGE_MARKS)
-$(BUILD)/cuda-tests/bench_gemv3: BENCH_DEFS := -DGEMV_MINB=3
-$(BUILD)/cuda-tests/bench_gemv_marks: BENCH_DEFS := -DGEMV_STAGE_MARKS
-$(BUILD)/cuda-tests/bench_gemv3 $(BUILD)/cuda-tests/bench_gemv_marks: tests/cuda/bench_gemv.cu $(BUILD)/liblilac.a
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) $(BENCH_DEFS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
-
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<

@@ -24,7 +24,7 @@ static const char NO_MODEL[] =
     "  To try the API without it: `lilac demo` serves a small random-weight model (gibberish text).";
 
 typedef struct {
-    const char *model, *backend;
+    const char *model, *backend, *attn_precision;
     long threads, max_seq, parallel, queue, prefill_chunk;
     const char *cache_mb, *snapshot_every; /* NULL: defaults */
 } engine_opts;
@@ -45,7 +45,8 @@ static bool engine_opt(int argc, char **argv, int *i, engine_opts *o) {
            opt_int(argc, argv, i, "--threads", &o->threads) || opt_int(argc, argv, i, "--max-seq", &o->max_seq) ||
            opt_int(argc, argv, i, "--parallel", &o->parallel) || opt_int(argc, argv, i, "--queue", &o->queue) ||
            opt_int(argc, argv, i, "--prefill-chunk", &o->prefill_chunk) ||
-           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every);
+           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every) ||
+           opt_str(argc, argv, i, "--attn-precision", &o->attn_precision);
 }
 
 static void add_eos(loaded *L, int32_t id) {
@@ -103,6 +104,7 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .tok = L->tok,
                      .max_seq = ms,
                      .threads = (int)o->threads,
+                     .attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, be->set_attn_bf16 != NULL),
                      .n_slots = o->parallel ? (int)o->parallel : 1,
                      .queue_max = o->queue > 0 ? (int)o->queue : 64,
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,

@@ -25,6 +25,9 @@ int cmd_convert(int argc, char **argv);
 bool opt_str(int argc, char **argv, int *i, const char *name, const char **out);
 bool opt_int(int argc, char **argv, int *i, const char *name, long *out);
 bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out);
+/* --attn-precision's value (NULL: the default): f32 -> false, bf16 -> true; anything else dies naming the
+ * command. bf16 also dies where the backend has no such choice (set_attn_bf16 NULL). */
+bool opt_attn_bf16(const char *cmd, const char *value, bool backend_can);
 /* Dies with "unknown option" naming the command. */
 _Noreturn void opt_unknown(const char *cmd, const char *word);
 

@@ -31,7 +31,9 @@ static void usage(FILE *f) {
     fprintf(f, "lilac — an inference engine for Qwen3.6-35B-A3B\n\nusage: lilac <command> [options]\n\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  lilac %s\n", commands[i].usage);
     fprintf(f, "\ncommon options: --backend cpu|cuda   --threads N (default: all cores)\n"
-               "               --quantize (an HF bf16 checkpoint is quantized at load, as `lilac convert` would)\n");
+               "               --quantize (an HF bf16 checkpoint is quantized at load, as `lilac convert` would)\n"
+               "               --attn-precision f32|bf16 (CUDA prefill attention: f32-faithful, the default, or\n"
+               "                 bf16 operands as FlashAttention, faster at long prompts)\n");
 }
 
 int main(int argc, char **argv) {

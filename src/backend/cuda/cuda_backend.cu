@@ -18,6 +18,7 @@
 
 extern "C" {
 #include "../backend.h"
+#include "../../util/diag.h"
 }
 #include "cuda_kernels.cuh"
 #include "cuda_sample.cuh"
@@ -26,7 +27,6 @@ extern "C" {
 #include "cuda_packed.cuh"
 #include "cuda_attn.cuh"
 #include "cuda_gdn_chunk.cuh"
-#include "cuda_decode.cuh"
 
 #define CK(call)                                                                                        \
     do {                                                                                                \
@@ -40,11 +40,14 @@ extern "C" {
 // Prefill tokens per pass: bounds activation memory (~0.6 GB per 2048 rows at
 // the model's size). 4096 rather than 2048: each expert's tile of tokens is
 // fuller and its weights are read half as often (prefill +9% at 4k, +6% at
-// 32k; docs/perf.md, session 6). -DLILAC_CHUNK=N builds another size.
-#ifndef LILAC_CHUNK
-#define LILAC_CHUNK 4096
-#endif
-static const int CHUNK = LILAC_CHUNK;
+// 32k; docs/perf.md).
+static const int CHUNK = 4096;
+// Prefill calls of this many tokens or more take the chunked GDN form (cuda_gdn_chunk.cuh): serial
+// and chunked are even at 128 tokens, chunked 1.4x at 256 (test_gdn --time).
+static const int GDN_CHUNK_MIN = 128;
+// k_gdn_recur's threads per state column and columns per thread (gdn_recur_kernel adapts them
+// to the shape): 8 and 2 (docs/perf.md).
+static const int GDN_RECUR_RG = 8, GDN_RECUR_COLS = 2;
 static const int RING = 1024;   // decoded ids visible to the host
 static const int ATT_SPLITS = 32;
 static_assert(ATT_SPLITS <= 128, "k_attn_combine merges up to 128 splits");
@@ -68,6 +71,13 @@ extern "C" bool lilac_cuda_available(lilac_err *err) {
 }
 
 // ---------------------------------------------------------------- weights on the device
+
+// One layer's weights on the device (the fields of lilac_layer the forward pass reads).
+struct dlayer {
+    float *in_norm, *post_norm, *conv, *A_log, *dt_bias, *gdn_norm, *q_norm, *k_norm;
+    dmat in_qkv, in_z, in_b, in_a, out_proj, q_proj, k_proj, v_proj, o_proj;
+    dmat router, exp_gate, exp_up, exp_down, sh_gate, sh_up, sh_down, sh_expert_gate;
+};
 
 struct dmodel {
     const lilac_model *m;
@@ -279,7 +289,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
             freed += r.n;
         }
     double t1 = lilac_now();
-    if (getenv("LILAC_VERBOSE") || D->uploaded > (1u << 30))
+    if (lilac_diag()->verbose || D->uploaded > (1u << 30))
         fprintf(stderr, "lilac: uploaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s); %.2f GB resident after packing\n",
                 D->uploaded / 1e9, t1 - t0, D->uploaded / 1e9 / (t1 - t0), (D->uploaded + D->packed - freed) / 1e9);
     return 0;
@@ -289,7 +299,7 @@ static int dmodel_upload(dmodel *D, const lilac_model *m, lilac_err *err) {
 
 // LILAC_ABLATE: which of a decode step's kernels to leave out, to time what
 // each contributes inside the step (the ablation table of docs/perf.md): the
-// GDN step kernel, the attention (k_attn_dec + combine, or the combine alone),
+// GDN step kernel, the attention (k_attn_dec_mma + combine, or the combine alone),
 // the MoE (router, experts, down and combine).
 static const unsigned ABL_GDN = 1, ABL_ATTN = 2, ABL_MOE = 4;
 // and single GEMVs: comb (k_attn_combine alone), inproj (GDN in_proj and attention
@@ -323,12 +333,6 @@ struct lilac_session {
     float *xsig;
     int64_t xq_plane; // bytes from one piece plane to the next (C x the widest input)
     bool xn_split; // xh/xl/xsum hold the split of s->xn's T rows (set by whatever writes xn or the split)
-    bool norm_split; // the prefill norms write their output's split themselves (norm_split; LILAC_NORM_SPLIT=0: off)
-    bool conv_prep;  // a prefill's k_conv does k_gdn_prep's work where dk = 128 (LILAC_CONV_PREP=0: off)
-    bool gdn_hb1;    // the chunked GDN's phase A one v-head a block, not two (LILAC_GDN_HB=1)
-    bool xn_skip;    // with norm_split, a norm whose output only its split is read does not write it (LILAC_XN_SKIP=0: off)
-    bool prefill_pdl; // prefill kernels launched with PDL too: each launch processed while its predecessor
-                      // drains (run 117: +0.5-0.8%, near the noise; LILAC_PREFILL_PDL=0: decode only, as before)
     int2 *tiles; // expert tile map of a prefill chunk: (expert, first token), *n_tiles entries
     int *n_tiles;
     int *tail_done; // arrival counters of the GEMV tails (gemv_tail), one per layer
@@ -336,32 +340,27 @@ struct lilac_session {
     int *d_ids, *d_pos, *d_step;
     unsigned long long *amax_best; // k_argmax's running best key and arrival count (zero between launches)
     unsigned *amax_arrived;
-    bool pdl;        // launch with programmatic dependent launch (set per pass: one-token passes)
+    bool pdl;        // launch with programmatic dependent launch (every pass; off on st2, moe_shared_side)
     int n_sm;        // multiprocessors, to size GEMV grids
-    int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch); LILAC_GEMV_BLOCKS overrides, 0 = one set per block
-    unsigned *moe_bar; // k_moe_fused's grid barrier ([0] arrivals, [32] generation)
-    int moe_grid;      // its grid (all resident at once); 0: the layer's MoE runs as two launches
-    int moe_nsg;       // k_moe_split's shared units' groups (0: k_moe_fused instead; LILAC_MOE_SPLIT=0 or it does not fit)
+    int gemv_blocks; // the decode GEMV grid to aim for (gemv_launch)
+    int moe_nsg;       // k_moe_split's shared units' groups (0: it does not fit; the gate/up GEMV and k_moe_down instead)
     unsigned long long *moe_acc; // k_moe_split's fixed-point sums (H, zero between launches)
     unsigned *moe_count;         // and its arrival count
     unsigned long long *moe_prof; // LILAC_MOE_PROF=l: layer l's k_moe_split marks in decode steps, printed at the end
     int moe_prof_layer, moe_prof_grid, moe_prof_nA;
-    int gdn_rg, gdn_c; // k_gdn_recur's threads per state column and columns per thread (LILAC_GDN_RG, LILAC_GDN_C)
-    int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with LILAC_ATTN_BF16=1 (cuda_attn.cuh)
+    int attn_qp;       // prefill attention's bf16 pieces of Q and P: 2, or 1 with --attn-precision bf16 (cuda_attn.cuh)
     float *lgd, *gdn_scratch; // the chunked GDN prefill (cuda_gdn_chunk.cuh): log decays, scratch; null when off
-    int gdn_chunk_min;        // the fewest tokens of a prefill call that take the chunked form (LILAC_GDN_CHUNK; 0: never)
-    bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; LILAC_GEMM_WG=0: k_gemm_q<4>)
+    bool gemm_wg;             // 4-bit prefill GEMMs on wgmma (k_gemm_wg; sm_90a only; elsewhere k_gemm_q<4> on mma.sync)
     bool gemm_pair;           // with gemm_wg: the routed gate/up GEMM writes the down projection's split input itself
-                              // (a swiglu job, cuda_g4.cuh) into dh/dl/dsw; LILAC_GEMM_PAIR=0: gu, then k_split_x<1>
+                              // (a swiglu job, cuda_g4.cuh) into dh/dl/dsw
     __nv_bfloat16 *dh, *dl, *dsw;
     // with gemm_pair, a prefill's shared expert runs on st2 beside the router and the routed experts
     // (moe_shared_side): its gate/up a swiglu job into sh_dh/sh_dl/sh_dsw, then its down; forked from st at
-    // ev_fork, joined before the combine at ev_join. LILAC_MOE_SIDE=0: in line, as before.
+    // ev_fork, joined before the combine at ev_join.
     cudaStream_t st2;
     cudaEvent_t ev_fork, ev_join;
     __nv_bfloat16 *sh_dh, *sh_dl, *sh_dsw;
-    bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; LILAC_ATTN_WG=0: k_attn_prefill)
-    bool adec_mma;            // decode attention on the tensor cores (k_attn_dec_mma; LILAC_ADEC_MMA=0: k_attn_dec)
+    bool attn_wg;             // prefill attention on wgmma (k_attn_wg; sm_90a, hd 256; elsewhere k_attn_prefill on mma.sync)
     unsigned ablate; // LILAC_ABLATE (timing only: the output is wrong): decode kernels left out, ABL_* bits
     int *h_pinned;   // [0]: pos, [1..CHUNK]: ids
     int *ring;       // host-mapped
@@ -371,14 +370,6 @@ struct lilac_session {
     std::vector<void *> allocs;
     cuda_sampler *smp;       // sampler state on the device (cuda_sample.cu), from sample_begin
     cudaGraphExec_t sgraph;  // a decode step ending in the sampler
-    // The persistent decode kernel (cuda_decode.cuh) for this geometry; null: a
-    // one-token pass runs kernel by kernel (run_layers), as prefill does.
-    void (*mk_fn)(const mk_params *, int, unsigned long long *);
-    mk_params mkp;
-    const mk_params *mk_dev;   // mkp in device memory, the kernel's parameters
-    unsigned long long *mk_prof; // LILAC_PROFILE: the timestamps of the next pass
-    int mk_grid;
-    size_t mk_smem;
     // route_record: the host table [n_layers][rec_n][top_k] the multi-token passes of a forward() call copy
     // their top-k into (null: off), its capacity in tokens, and the call's tokens and the chunk's first
     int32_t *rec;
@@ -462,203 +453,6 @@ static void cuda_session_free(lilac_session *s) {
     delete s;
 }
 
-// ---------------------------------------------------------------- the persistent decode kernel: set-up
-
-static mk_mat mk_of(const dmat &W, float *y, int64_t ldy, int accum = 0, int routed = 0, int xper = 0, int xi = 0) {
-    mk_mat m;
-    memset(&m, 0, sizeof m);
-    m.W = W;
-    m.y = y;
-    m.ldy = ldy;
-    m.accum = accum;
-    m.routed = routed;
-    m.xper = xper;
-    m.xi = xi;
-    if (W.pk) {
-        m.ns = gemv_ns(W.cols / 64);
-        m.rbb = 8 / m.ns;
-        m.ups = (int)((W.rows + 16 * m.rbb - 1) / (16 * m.rbb));
-    } else {
-        m.ns = m.rbb = 1;
-        m.ups = (int)((W.rows + 7) / 8);
-    }
-    return m;
-}
-static mk_gemv mk_job(std::initializer_list<mk_mat> ms, int K) {
-    mk_gemv j;
-    memset(&j, 0, sizeof j);
-    for (const mk_mat &m : ms) {
-        j.m[j.n] = m;
-        j.units[j.n + 1] = j.units[j.n] + m.ups * (m.routed ? K : 1);
-        j.n++;
-    }
-    return j;
-}
-
-// The instantiated geometries: (keys per thread, column groups, head dims / 32).
-template <int KPT, int G, int DPL>
-static void (*mk_pick(const lilac_config *c, int minb))(const mk_params *, int, unsigned long long *) {
-    const int g = c->lin_v_dim % 64 == 0 ? 4 : 8;
-    if (g == G && c->lin_k_dim == KPT * G && c->head_dim == DPL * 32)
-        return minb == 1 ? k_decode<KPT, G, DPL, 1> : k_decode<KPT, G, DPL, 2>;
-    return nullptr;
-}
-
-// Chooses the persistent decode kernel when LILAC_PERSISTENT=1 and the geometry
-// fits it; fills its parameters (device pointers fixed for the session's life).
-// Off by default: measured at half the speed of the kernel-per-step graph on
-// the H200 (docs/perf.md, session 3), it is kept for the work that makes it
-// faster, tested against the CPU reference like the default path.
-static int mk_setup(lilac_session *s, lilac_err *err) {
-    const lilac_config *c = &s->m->cfg;
-    const char *env = getenv("LILAC_PERSISTENT");
-    if (!env || strcmp(env, "1")) return 0;
-    const char *mb = getenv("LILAC_MK_MINB"); // CTAs per SM: 2 (default) or 1 (more registers)
-    const int minb = mb && !strcmp(mb, "1") ? 1 : 2;
-    void (*fn)(const mk_params *, int, unsigned long long *) = mk_pick<32, 4, 8>(c, minb);
-    if (!fn) fn = mk_pick<4, 8, 2>(c, minb);
-    dmodel *D = s->D;
-    const int L = c->n_layers, K = c->top_k;
-    const int64_t H = c->hidden, I = c->moe_inter, SI = c->shared_inter, CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c);
-    bool fits = fn && c->conv_kernel == 4 && c->lin_v_heads <= 64 && c->lin_v_heads % c->lin_k_heads == 0 &&
-                c->n_heads <= 32 && c->n_heads % c->n_kv_heads == 0 && c->n_experts <= 256 && K <= 32 && I == SI &&
-                c->rotary_dim <= c->head_dim && D->lm_head.rows > 0 && H % 64 == 0 && I % 64 == 0 && VD % 64 == 0 &&
-                ((int64_t)c->n_heads * c->head_dim) % 64 == 0 && // staged widths: whole 64-column groups
-
-                VD <= MK_LD * 4 * MK_THREADS && c->lin_v_dim % 4 == 0 &&
-                2 * c->lin_k_dim + MK_THREADS / (c->lin_v_dim % 64 == 0 ? 4 : 8) <= 2 * MK_THREADS;
-    if (!fits) {
-        fprintf(stderr, "lilac: LILAC_PERSISTENT=1, but this geometry has no persistent decode kernel: kernel per step\n");
-        return 0;
-    }
-    // phase descriptors: layer l reads x[l & 1] and writes x[(l + 1) & 1]
-    float *X[2] = {s->x, s->x + H};
-    std::vector<mk_gemv> ph;
-    for (int l = 0; l < L; l++) {
-        const dlayer &d = D->layers[(size_t)l];
-        float *xout = X[(l + 1) & 1];
-        if (c->is_full[l]) {
-            const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
-            ph.push_back(mk_job({mk_of(d.q_proj, s->qg, 0), mk_of(d.k_proj, s->kx, kvw), mk_of(d.v_proj, s->vx, kvw)}, K));
-            ph.push_back(mk_job({mk_of(d.o_proj, xout, H, 1)}, K));
-        } else {
-            ph.push_back(mk_job({mk_of(d.in_qkv, s->qkv, CD), mk_of(d.in_z, s->z, VD), mk_of(d.in_b, s->bb, 0),
-                                 mk_of(d.in_a, s->ba, 0)}, K));
-            ph.push_back(mk_job({mk_of(d.out_proj, xout, H, 1)}, K));
-        }
-        ph.push_back(mk_job({mk_of(d.router, s->rlog, 0), mk_of(d.sh_gate, s->shgu, 0), mk_of(d.sh_up, s->shgu + SI, 0),
-                             mk_of(d.sh_expert_gate, s->sg, 0)}, K));
-        ph.push_back(mk_job({mk_of(d.exp_gate, s->gu, 2 * I, 0, 1), mk_of(d.exp_up, s->gu + I, 2 * I, 0, 1)}, K));
-        ph.push_back(mk_job({mk_of(d.exp_down, s->ye, H, 0, 1, 1), mk_of(d.sh_down, s->shy, 0, 0, 0, 0, K)}, K));
-    }
-    ph.push_back(mk_job({mk_of(D->lm_head, s->logits, 0)}, K));
-    // shared memory: the largest staged input, GDN task or attention task
-    const int hd = c->head_dim, G = c->lin_v_dim % 64 == 0 ? 4 : 8, CW = MK_THREADS / G;
-    size_t smem = std::max({mk_stage_bytes(H), mk_stage_bytes(VD), mk_stage_bytes((int64_t)c->n_heads * hd),
-                            mk_stage_bytes((K + 1) * I)});
-    smem = std::max(smem, sizeof(float) * (size_t)(2 * c->lin_k_dim + CW + G * CW));
-    smem = std::max(smem, sizeof(float) * (size_t)(4 * hd + (MK_THREADS / 32) * hd));
-    // then two weight buffers of the largest packed unit (codes + scale/bias pairs)
-    int64_t wstride = 1;
-    for (const mk_gemv &j : ph)
-        for (int i = 0; i < j.n; i++)
-            if (j.m[i].W.pk) wstride = std::max(wstride, (int64_t)j.m[i].rbb * (j.m[i].W.cols / 64) * 36);
-    const int64_t woff = (int64_t)((smem + 15) / 16 * 4);
-    smem = sizeof(float) * (size_t)woff + 2 * sizeof(uint4) * (size_t)wstride;
-    int per_sm = 0, optin = 0;
-    CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-    if (smem > (size_t)optin) {
-        fprintf(stderr, "lilac: the persistent decode kernel needs %zu bytes of shared memory (%d here): kernel per step\n",
-                smem, optin);
-        return 0;
-    }
-    CK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, MK_THREADS, smem));
-    int coop = 0;
-    CK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, 0));
-    if (per_sm < 1 || !coop) return 0;
-    const int grid = s->n_sm * std::min(per_sm, minb);
-    // device copies of the layer table, per-layer state pointers and the phases
-    mk_params &P = s->mkp;
-    memset(&P, 0, sizeof P);
-    dlayer *dl;
-    unsigned char *isf;
-    float **ptrs;
-    __nv_bfloat16 **kvp;
-    mk_gemv *dph;
-    if (dalloc(s, &dl, (size_t)L, err) < 0 || dalloc(s, &isf, (size_t)L, err) < 0 || dalloc(s, &ptrs, 2 * (size_t)L, err) < 0 ||
-        dalloc(s, &kvp, 2 * (size_t)L, err) < 0 || dalloc(s, &dph, ph.size(), err) < 0 || dalloc(s, &P.bar, 256, err) < 0 ||
-        dalloc(s, &P.amax_v, (size_t)grid, err) < 0 || dalloc(s, &P.amax_i, (size_t)grid, err) < 0)
-        return -1;
-    std::vector<unsigned char> hf((size_t)L);
-    std::vector<float *> hp(2 * (size_t)L);
-    std::vector<__nv_bfloat16 *> hkv(2 * (size_t)L);
-    for (int l = 0; l < L; l++) {
-        hf[(size_t)l] = c->is_full[l] ? 1 : 0;
-        hp[(size_t)l] = s->conv_state[(size_t)l];
-        hp[(size_t)(L + l)] = s->ssm[(size_t)l];
-        hkv[(size_t)l] = s->kc[(size_t)l];
-        hkv[(size_t)(L + l)] = s->vc[(size_t)l];
-    }
-    CK(cudaMemcpy(dl, D->layers.data(), sizeof(dlayer) * (size_t)L, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(isf, hf.data(), (size_t)L, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(ptrs, hp.data(), sizeof(float *) * hp.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(kvp, hkv.data(), sizeof(__nv_bfloat16 *) * hkv.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dph, ph.data(), sizeof(mk_gemv) * ph.size(), cudaMemcpyHostToDevice));
-    CK(cudaMemset(P.bar, 0, sizeof(unsigned) * 256));
-    P.L = dl;
-    P.is_full = isf;
-    P.conv = ptrs;
-    P.ssm = ptrs + L;
-    P.kc = kvp;
-    P.vc = kvp + L;
-    P.ph = dph;
-    P.embed = D->embed;
-    P.final_norm = D->final_norm;
-    P.layers = L;
-    P.H = (int)H;
-    P.E = c->n_experts;
-    P.K = K;
-    P.norm_topk = c->norm_topk;
-    P.I = (int)I;
-    P.SI = (int)SI;
-    P.Hk = c->lin_k_heads;
-    P.Hv = c->lin_v_heads;
-    P.dk = c->lin_k_dim;
-    P.dv = c->lin_v_dim;
-    P.CD = CD;
-    P.KD = cfg_lin_key_dim(c);
-    P.nh = c->n_heads;
-    P.nkv = c->n_kv_heads;
-    P.hd = hd;
-    P.rot = c->rotary_dim;
-    P.S = std::max(1, std::min(ATT_SPLITS, grid / c->n_heads));
-    P.theta = c->rope_theta;
-    P.eps = c->rms_eps;
-    P.x0 = X[0];
-    P.x1 = X[1];
-    P.qkv = s->qkv; P.z = s->z; P.bb = s->bb; P.ba = s->ba; P.o = s->o;
-    P.qg = s->qg; P.kx = s->kx; P.vx = s->vx; P.att = s->att; P.part = s->part;
-    P.rlog = s->rlog; P.shgu = s->shgu; P.sg = s->sg; P.gu = s->gu; P.ye = s->ye; P.shy = s->shy;
-    P.topw = s->topw; P.topi = s->topi;
-    P.logits = s->logits;
-    P.d_ids = s->d_ids;
-    P.d_pos = s->d_pos;
-    P.d_step = s->d_step;
-    P.ring = s->ring_dev;
-    P.ring_size = RING;
-    P.woff = woff;
-    P.wstride = wstride;
-    mk_params *dp;
-    if (dalloc(s, &dp, 1, err) < 0) return -1;
-    CK(cudaMemcpy(dp, &P, sizeof P, cudaMemcpyHostToDevice));
-    s->mk_dev = dp;
-    s->mk_fn = fn;
-    s->mk_grid = grid;
-    s->mk_smem = smem;
-    return 0;
-}
-
 static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err) {
     (void)threads;
     const lilac_config *c = &m->cfg;
@@ -674,7 +468,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         return nullptr;
     }
     lilac_session *s = new lilac_session();
-    prof.on = getenv("LILAC_PROFILE") != nullptr;
+    prof.on = lilac_diag()->profile;
     s->m = m;
     s->max_seq = max_seq;
     for (dmodel *D : g_models)
@@ -691,23 +485,11 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     const int64_t kvw = (int64_t)c->n_kv_heads * c->head_dim;
     bool ok = cudaStreamCreateWithFlags(&s->st, cudaStreamNonBlocking) == cudaSuccess &&
               cudaDeviceGetAttribute(&s->n_sm, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess;
-    s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md, run 33)
-    if (const char *e = getenv("LILAC_GEMV_BLOCKS")) if (*e) s->gemv_blocks = atoi(e);
-    s->gdn_rg = 8; // docs/perf.md, run 71
-    s->gdn_c = 2;
-    if (const char *e = getenv("LILAC_GDN_RG")) if (*e) s->gdn_rg = atoi(e);
-    if (const char *e = getenv("LILAC_GDN_C")) if (*e) s->gdn_c = atoi(e);
-    s->attn_qp = 2; // f32-faithful scores and weights; one piece is FlashAttention's bf16 (docs/perf.md, run 76)
-    if (const char *e = getenv("LILAC_ATTN_BF16")) if (*e && strcmp(e, "0")) s->attn_qp = 1;
-    const char *e_am = getenv("LILAC_ADEC_MMA");
-    s->adec_mma = !(e_am && !strcmp(e_am, "0"));
-    // The chunked GDN prefill (cuda_gdn_chunk.cuh) for prefill calls of gdn_chunk_min tokens or more;
-    // LILAC_GDN_CHUNK=0: always the serial kernel, =n: from n tokens (docs/perf.md, session 11)
-    s->gdn_chunk_min = 128; // test_gdn --time: serial and chunked even at 128 tokens, chunked 1.4x at 256
-    if (const char *e = getenv("LILAC_GDN_CHUNK")) if (*e) s->gdn_chunk_min = atoi(e);
+    s->gemv_blocks = 2 * s->n_sm; // two blocks per SM: 369 tok/s at 4k against 323 for one (docs/perf.md)
+    s->attn_qp = 2; // f32-faithful scores and weights; 1 (set_attn_bf16) is FlashAttention's bf16 (docs/perf.md)
     // Hopper's warpgroup MMA (cuda_wgmma.cuh) where the sm_90a image runs (k_wg_probe): the 4-bit
-    // prefill GEMMs (cuda_gemm_wg.cuh; LILAC_GEMM_WG=0: the mma.sync kernel with three int8 pieces,
-    // k_gemm_q<4>) and the prefill attention at hd 256 (cuda_attn_wg.cuh; LILAC_ATTN_WG=0: k_attn_prefill)
+    // prefill GEMMs (cuda_gemm_wg.cuh) and the prefill attention at hd 256 (cuda_attn_wg.cuh). Elsewhere
+    // the portable mma.sync kernels: k_gemm_q<4> with three int8 pieces, and k_attn_prefill.
     bool wg_on = false;
     if (ok) {
         int *d_on = nullptr, on = 0;
@@ -720,22 +502,11 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
         }
         cudaGetLastError();
     }
-    const char *e_gw = getenv("LILAC_GEMM_WG"), *e_aw = getenv("LILAC_ATTN_WG");
-    s->gemm_wg = wg_on && !(e_gw && !strcmp(e_gw, "0"));
-    const char *e_gp = getenv("LILAC_GEMM_PAIR"), *e_ns = getenv("LILAC_NORM_SPLIT");
-    s->norm_split = !(e_ns && !strcmp(e_ns, "0"));
-    const char *e_cp = getenv("LILAC_CONV_PREP");
-    s->conv_prep = !(e_cp && !strcmp(e_cp, "0"));
-    const char *e_xs = getenv("LILAC_XN_SKIP");
-    s->xn_skip = !(e_xs && !strcmp(e_xs, "0"));
-    const char *e_hb = getenv("LILAC_GDN_HB");
-    s->gdn_hb1 = e_hb && !strcmp(e_hb, "1");
-    const char *e_pp = getenv("LILAC_PREFILL_PDL");
-    s->prefill_pdl = !(e_pp && !strcmp(e_pp, "0"));
-    s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0 && !(e_gp && !strcmp(e_gp, "0"));
-    s->attn_wg = wg_on && !(e_aw && !strcmp(e_aw, "0"));
-    const bool gdn_chunk = s->gdn_chunk_min > 0 && gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
-    if (const char *e = getenv("LILAC_ABLATE")) {
+    s->gemm_wg = wg_on;
+    s->gemm_pair = s->gemm_wg && c->moe_inter % 64 == 0;
+    s->attn_wg = wg_on;
+    const bool gdn_chunk = gdn_chunk_ok(c->lin_k_dim, c->lin_v_dim, c->lin_k_heads, c->lin_v_heads);
+    if (const char *e = lilac_diag()->ablate) {
         s->ablate = (strstr(e, "gdn") ? ABL_GDN : 0u) | (strstr(e, "attn") ? ABL_ATTN : 0u) | (strstr(e, "moe") ? ABL_MOE : 0u) |
                     (strstr(e, "comb") ? ABL_COMB : 0u) | (strstr(e, "inproj") ? ABL_INPROJ : 0u) |
                     (strstr(e, "outproj") ? ABL_OUTPROJ : 0u) | (strstr(e, "router") ? ABL_ROUTER : 0u);
@@ -772,13 +543,11 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          dalloc(s, &s->cursor, (size_t)c->n_experts, err) == 0 && dalloc(s, &s->sorted, C * K, err) == 0 &&
          dalloc(s, &s->logits, (size_t)c->vocab, err) == 0 && dalloc(s, &s->d_ids, C, err) == 0 &&
          dalloc(s, &s->d_pos, 1, err) == 0 && dalloc(s, &s->d_step, 1, err) == 0 &&
-         dalloc(s, &s->amax_best, 1, err) == 0 && dalloc(s, &s->amax_arrived, 1, err) == 0 &&
-         dalloc(s, &s->moe_bar, 64, err) == 0;
+         dalloc(s, &s->amax_best, 1, err) == 0 && dalloc(s, &s->amax_arrived, 1, err) == 0;
     s->logits_rows = 0;
     {
         // largest prefill GEMM input: hidden, value or attention width per token, or the routed experts' rows
         int64_t w = std::max(std::max(H, VD), std::max((int64_t)c->n_heads * c->head_dim, (int64_t)c->shared_inter));
-        const char *e_side = getenv("LILAC_MOE_SIDE");
         w = std::max(w, K * c->moe_inter);
         s->xq_plane = C * w;
         // k_gemm_wg's group sums take whole 16-group windows per row: the routed experts' down
@@ -790,7 +559,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              (!s->gemm_pair || (dalloc(s, &s->dh, (size_t)(C * K * c->moe_inter), err) == 0 &&
                                 dalloc(s, &s->dl, (size_t)(C * K * c->moe_inter), err) == 0 &&
                                 dalloc(s, &s->dsw, (size_t)wg_xsw_win(C * K, (int)(c->moe_inter / 64), 0), err) == 0)) &&
-             (!s->gemm_pair || c->shared_inter % 64 || (e_side && !strcmp(e_side, "0")) ||
+             (!s->gemm_pair || c->shared_inter % 64 ||
               (dalloc(s, &s->sh_dh, (size_t)(C * c->shared_inter), err) == 0 &&
                dalloc(s, &s->sh_dl, (size_t)(C * c->shared_inter), err) == 0 &&
                dalloc(s, &s->sh_dsw, (size_t)wg_xsw_win(C, (int)(c->shared_inter / 64), 0), err) == 0 &&
@@ -805,8 +574,6 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
              cudaFuncSetAttribute(k_gemm_q<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)g4_smem<8>()) == cudaSuccess &&
              (!s->gemm_wg ||
               cudaFuncSetAttribute(k_gemm_wg, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem()) == cudaSuccess) &&
-             cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)) == cudaSuccess &&
-             cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(128)) == cudaSuccess &&
              cudaFuncSetAttribute(k_attn_dec_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(256)) == cudaSuccess;
     }
@@ -815,35 +582,28 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
          cudaHostGetDevicePointer((void **)&s->ring_dev, s->ring, 0) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[0], cudaEventDisableTiming) == cudaSuccess &&
          cudaEventCreateWithFlags(&s->step_ev[1], cudaEventDisableTiming) == cudaSuccess;
-    if (ok) { // k_moe_fused: as many blocks as its units need and the GPU holds at once
+    if (ok) { // k_moe_split, where the layers' shapes take it
         const dlayer &d0 = s->D->layers[0];
         const int mg = moe_down_mg(d0.exp_down, d0.sh_down, (int)K);
-        if (mg && moe_fused_ok(d0.exp_gate, d0.exp_up, H, c->moe_inter, (int)K, c->n_experts) && !getenv("LILAC_MOE_UNFUSED")) {
-            int per_sm = 0;
-            const size_t sm = moe_fused_smem(H, c->moe_inter, (int)K);
-            ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm) == cudaSuccess;
-            const int64_t units = std::max(K * c->moe_inter / 32, (H + 15) / 16);
-            s->moe_grid = (int)std::min<int64_t>((int64_t)per_sm * s->n_sm, units);
-            // k_moe_split unless LILAC_MOE_SPLIT=0 (run 57: 474.8 tok/s at 4k against k_moe_fused's 437.9)
-            const char *sp = getenv("LILAC_MOE_SPLIT");
-            const int nsg = sp && !strcmp(sp, "0") ? 0 : moe_split_nsg(d0.sh_down, H, c->moe_inter, (int)K, s->n_sm);
-            if (ok && nsg) {
-                ok = dalloc(s, &s->moe_acc, (size_t)H, err) == 0 && dalloc(s, &s->moe_count, 1, err) == 0 &&
-                     cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)moe_split_smem(H, nsg)) == cudaSuccess;
-                s->moe_nsg = nsg;
-                if (const char *e = getenv("LILAC_MOE_PROF")) {
-                    s->moe_prof_layer = atoi(e);
-                    s->moe_prof_nA = (int)moe_split_routed((int)K, c->moe_inter);
-                    s->moe_prof_grid = (int)moe_split_grid((int)K, c->moe_inter, d0.sh_down.cols, nsg);
-                    ok = ok && dalloc(s, &s->moe_prof, (size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid, err) == 0;
-                }
+        const int nsg = mg && moe_split_ok(d0.exp_gate, d0.exp_up, H, c->moe_inter, (int)K, c->n_experts)
+                            ? moe_split_nsg(d0.sh_down, H, c->moe_inter, (int)K, s->n_sm)
+                            : 0;
+        if (nsg) {
+            ok = dalloc(s, &s->moe_acc, (size_t)H, err) == 0 && dalloc(s, &s->moe_count, 1, err) == 0 &&
+                 cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)moe_split_smem(H, nsg)) == cudaSuccess;
+            s->moe_nsg = nsg;
+            s->moe_prof_layer = lilac_diag()->moe_prof_layer;
+            if (s->moe_prof_layer >= 0) { // LILAC_MOE_PROF
+                s->moe_prof_nA = (int)moe_split_routed((int)K, c->moe_inter);
+                s->moe_prof_grid = (int)moe_split_grid((int)K, c->moe_inter, d0.sh_down.cols, nsg);
+                ok = ok && dalloc(s, &s->moe_prof, (size_t)MOE_SPLIT_MARKS * (size_t)s->moe_prof_grid, err) == 0;
             }
         }
     }
     // dalloc's zeroing runs on the default stream, which s->st (non-blocking) does not wait for:
-    // finish it before any kernel that needs zeros (moe_acc, moe_count, moe_bar) can run
-    if (!ok || mk_setup(s, err) < 0 || cudaStreamSynchronize(0) != cudaSuccess) {
+    // finish it before any kernel that needs zeros (moe_acc, moe_count) can run
+    if (!ok || cudaStreamSynchronize(0) != cudaSuccess) {
         if (!err || !err->msg[0]) lilac_fail(err, "CUDA backend: could not allocate the session (%s)", cudaGetErrorString(cudaGetLastError()));
         cuda_session_free(s);
         return nullptr;
@@ -914,7 +674,7 @@ static int split_x(lilac_session *s, const float *x, int64_t ldx, int64_t xoff, 
 // write, or where it would not fit). The caller marks what the split then holds (xn_split).
 static g4_split norm_split(const lilac_session *s, int64_t rows, int64_t cols) {
     g4_split sp = {nullptr, nullptr, nullptr, nullptr};
-    if (!s->norm_split || s->xq || cols % 64 || rows * cols > s->xq_plane ||
+    if (s->xq || cols % 64 || rows * cols > s->xq_plane ||
         (s->xsw && wg_xsw_win(rows, (int)(cols / 64), 0) > s->xsw_n))
         return sp;
     sp.xh = s->xh, sp.xl = s->xl, sp.xsw = s->xsw, sp.xs = s->xsum;
@@ -1079,7 +839,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
     } else {
         // dk = 128: a conv block is one q/k head, and the conv normalises the heads and makes the gates itself
         gdn_prep_args pp = {0, 0, 0, 0, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
-        if (c->lin_k_dim == 128 && s->conv_prep)
+        if (c->lin_k_dim == 128)
             pp = {2 * c->lin_k_heads, c->lin_k_heads, Hv, 128, s->bb, s->ba, d.A_log, d.dt_bias, s->beta, s->decay, s->lgd};
         if (conv_launch(s, d.conv, s->conv_state[(size_t)l], T, pp, err) < 0) return -1;
         if (!pp.qk_heads) {
@@ -1088,12 +848,12 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
             CKL();
         }
         prof_mark(s, PH_GDN_CONV);
-        if (s->gdn_scratch && T >= s->gdn_chunk_min) { // the chunked form
+        if (s->gdn_scratch && T >= GDN_CHUNK_MIN) { // the chunked form
             CK(gdn_chunk_launch(s->conv_out, CD, KD, c->lin_k_heads, Hv, s->beta, s->lgd, s->ssm[(size_t)l], s->o, T,
-                                s->gdn_scratch, s->st, s->gdn_hb1 ? 1 : 0));
+                                s->gdn_scratch, s->st));
         } else {
             dim3 g;
-            int rg = s->gdn_rg, cc = s->gdn_c;
+            int rg = GDN_RECUR_RG, cc = GDN_RECUR_COLS;
             const gdn_recur_fn recur = gdn_recur_kernel(c->lin_k_dim, rg, cc, Hv, c->lin_v_dim, &g);
             pdl_launch(s, recur, g, 128, 0, s->conv_out, CD, KD, c->lin_k_heads, Hv, c->lin_v_dim, s->beta, s->decay,
                        s->ssm[(size_t)l], s->o, T);
@@ -1104,7 +864,7 @@ static int gdn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err 
         o_split = c->lin_v_dim == 128 && Hv % 8 == 0 ? norm_split(s, T, VD) : o_split;
         // (out_proj quantized: it reads the split alone, and o need not be written)
         pdl_launch(s, k_gated_norm, (unsigned)(((int64_t)T * Hv + 7) / 8), 256, 0, s->o, s->z, d.gdn_norm, (int64_t)T, Hv,
-                   c->lin_v_dim, c->rms_eps, o_split, o_split.xh && g4_ok(d.out_proj) && s->xn_skip);
+                   c->lin_v_dim, c->rms_eps, o_split, o_split.xh && g4_ok(d.out_proj));
         CKL();
         if (o_split.xh) s->xn_split = false; // the split is o's now
     }
@@ -1123,7 +883,7 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
     prof_mark(s, PH_ATTN_PROJ);
     const int G = nkv > 0 && nh % nkv == 0 ? nh / nkv : 0;
     const bool dec = T == 1 && (hd == 128 || hd == 256) && G >= 1 && G <= 8;
-    if (!dec) { // (k_attn_dec norms and ropes its own token)
+    if (!dec) { // (k_attn_dec_mma norms and ropes its own token)
         pdl_launch(s, k_attn_prep, dim3((unsigned)T, (unsigned)(nh + nkv)), 32, 0, s->qg, (const float *)s->kx,
                    (const float *)s->vx, d.q_norm, d.k_norm, s->kc[(size_t)l], s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv,
                    hd, c->rotary_dim, (const float *)s->D->inv_freq, c->rms_eps);
@@ -1142,11 +902,9 @@ static int attn_layer(lilac_session *s, const dlayer &d, int l, int T, lilac_err
 #define DEC(K, NT, SM) pdl_launch(s, K, g, NT, SM, (const float *)s->qg, (const float *)s->kx, (const float *)s->vx, d.q_norm,     \
                                   d.k_norm, (const float *)s->D->inv_freq, c->rotary_dim, c->rms_eps, s->kc[(size_t)l],         \
                                   s->vc[(size_t)l], (const int *)s->d_pos, nh, nkv, s->part, S, (unsigned long long *)nullptr)
-        if (s->adec_mma) { // both products on the tensor cores (cuda_attn_dec.cuh)
-            if (hd == 128) DEC(k_attn_dec_mma<128>, adec::NT, attn_dec_mma_smem(128));
-            else DEC(k_attn_dec_mma<256>, adec::NT, attn_dec_mma_smem(256));
-        } else if (hd == 128) DEC(k_attn_dec<4>, ADEC_THREADS, attn_dec_smem(128));
-        else DEC(k_attn_dec<8>, ADEC_THREADS, attn_dec_smem(256));
+        // both products on the tensor cores (cuda_attn_dec.cuh)
+        if (hd == 128) DEC(k_attn_dec_mma<128>, adec::NT, attn_dec_mma_smem(128));
+        else DEC(k_attn_dec_mma<256>, adec::NT, attn_dec_mma_smem(256));
 #undef DEC
         CKL();
     } else {
@@ -1200,7 +958,7 @@ static int moe_down_gemv(lilac_session *s, const dlayer &d, int l, int T, bool &
     return 0;
 }
 
-// A prefill's shared expert on s->st2 (run 110: the router, one wave of 192 slow blocks, and the
+// A prefill's shared expert on s->st2 (the router, one wave of 192 slow blocks, and the
 // top-k/scan/scatter leave most of the GPU idle for ~130 us a layer; the shared expert's GEMMs, ~135 us in
 // line, fill it): xn's split (which the router and the routed experts read too, and nothing rewrites
 // before the combine), then on st2 the gate/up pair (SwiGLU's split into sh_dh/sh_dl/sh_dsw) and the down
@@ -1289,29 +1047,18 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
         float *const Yg[2] = {s->gu, s->gu + I};
         const int64_t LDg[2] = {2 * I, 2 * I};
         const int mg = T == 1 ? moe_down_mg(d.exp_down, d.sh_down, K) : 0;
-        if (tk_pro && mg && s->moe_grid > 0 && moe_fused_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
-            // top-k, gate/up, SwiGLU, down and the combine in one cooperative kernel (s->gu holds the SwiGLU rows)
-            if (s->moe_nsg) { // the same without a grid barrier (k_moe_split)
-                const int nsg = s->moe_nsg;
-                const unsigned grid = (unsigned)moe_split_grid(K, I, d.sh_down.cols, nsg);
+        if (tk_pro && mg && s->moe_nsg && moe_split_ok(d.exp_gate, d.exp_up, H, I, K, E)) {
+            // top-k, gate/up, SwiGLU, down and the combine in one kernel without a grid barrier (k_moe_split)
+            const int nsg = s->moe_nsg;
+            const unsigned grid = (unsigned)moe_split_grid(K, I, d.sh_down.cols, nsg);
 #define SPLIT(N) pdl_launch(s, k_moe_split<N>, grid, MOE_SPLIT_THREADS, moe_split_smem(H, N), d.exp_gate, d.exp_up, d.exp_down, d.sh_down,   \
                             (const float *)s->xn, H, (const float *)s->rlog, E, c->norm_topk, (const float *)s->shgu, I,       \
                             d.sh_down.cols, (const float *)s->sg, K, s->moe_acc, s->moe_count, s->x,  \
                             l == s->moe_prof_layer ? s->moe_prof : (unsigned long long *)nullptr)
-                if (nsg == 2) SPLIT(2);
-                else SPLIT(1);
+            if (nsg == 2) SPLIT(2);
+            else SPLIT(1);
 #undef SPLIT
-                CKL();
-                prof_mark(s, PH_MOE_EXPERTS);
-                return 0;
-            }
-            const size_t sm = moe_fused_smem(H, I, K);
-#define FUSED(MG) launch_coop(s->st, s->pdl, k_moe_fused<MG>, dim3((unsigned)s->moe_grid), dim3(256), sm, d.exp_gate,     \
-                              d.exp_up, d.exp_down, d.sh_down, (const float *)s->xn, H, (const float *)s->rlog, E,          \
-                              c->norm_topk, (const float *)s->shgu, I, (const float *)s->sg, K, s->gu, s->moe_bar, s->x,    \
-                              (unsigned long long *)nullptr)
-            CK(mg == 1 ? FUSED(1) : FUSED(2));
-#undef FUSED
+            CKL();
             prof_mark(s, PH_MOE_EXPERTS);
             return 0;
         }
@@ -1355,7 +1102,7 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
             const int64_t Lgu[2] = {2 * I, 2 * I};
             float *const Yd[1] = {s->ye};
             const int64_t Ld[1] = {H};
-            if (s->gemm_pair && d.exp_gate.bits == 4) { // gate and up in one block, the down's input split in its epilogue (run 110: k_split_x<1> 3.3 ms at 4k)
+            if (s->gemm_pair && d.exp_gate.bits == 4) { // gate and up in one block, the down's input split in its epilogue (k_split_x<1> is 3.3 ms at 4k)
                 __nv_bfloat16 *const dx[3] = {s->dh, s->dl, s->dsw};
                 if (gemm_q(s, 2, Wgu, Ygu, Lgu, T, s->offs, max_tiles, K, err, nullptr, dx) < 0 ||
                     gemm_q(s, 1, &d.exp_down, Yd, Ld, T, s->offs, max_tiles, 1, err, dx) < 0)
@@ -1392,10 +1139,9 @@ static int moe_layer(lilac_session *s, const dlayer &d, int l, int T, const floa
 
 // Whether what reads a layer's normalised input (its mixer's, or with moe its MoE's) for T > 1 tokens
 // reads only the split the norm wrote (every matrix quantized for the prefill GEMMs, the routed experts
-// grouped), so that the norm need not write s->xn as well (LILAC_XN_SKIP=0: it always does).
+// grouped), so that the norm need not write s->xn as well.
 static bool xn_split_only(const lilac_session *s, const dlayer &d, int l, bool moe, int T) {
     const lilac_config *c = &s->m->cfg;
-    if (!s->xn_skip) return false;
     if (moe)
         return (int64_t)T * c->top_k > 64 && g4_ok(d.router) && g4_ok(d.sh_gate) && g4_ok(d.sh_up) && g4_ok(d.sh_expert_gate) &&
                g4_ok(d.exp_gate) && g4_ok(d.exp_up) && g4_ok(d.exp_down) && d.exp_gate.bits == d.exp_up.bits;
@@ -1413,7 +1159,7 @@ static int run_layers(lilac_session *s, int T, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     const int64_t H = c->hidden;
     dmodel *D = s->D;
-    s->pdl = T == 1 || s->prefill_pdl;
+    s->pdl = true;
     prof_mark(s, PH_EMBED);
     pdl_launch(s, k_embed, dim3((unsigned)T, (unsigned)((H + 255) / 256)), 256, 0, D->embed, s->d_ids, s->x);
     CKL();
@@ -1477,74 +1223,12 @@ static int ensure_logits_rows(lilac_session *s, int64_t rows, lilac_err *err) {
 // One token's pass (input d_ids[0] at *d_pos) to the logits in s->logits; with
 // `pick`, also the greedy token: the next input, the ring, *d_pos + 1.
 static int decode_pass(lilac_session *s, bool pick, lilac_err *err) {
-    if (s->mk_fn) {
-        // cooperative: every CTA resident, the grid barriers rely on it
-        CK(launch_coop(s->st, false, s->mk_fn, dim3((unsigned)s->mk_grid), dim3(MK_THREADS), s->mk_smem, s->mk_dev, (int)pick,
-                       s->mk_prof));
-        return 0;
-    }
     if (run_layers(s, 1, err) < 0 || head(s, 0, 1, err) < 0) return -1;
     if (pick) {
         pdl_launch(s, k_argmax, argmax_blocks(s->m->cfg.vocab), ARGMAX_THREADS, 0, (const float *)s->logits,
                    (int64_t)s->m->cfg.vocab, s->d_ids, s->ring_dev, RING, s->d_step, s->d_pos, s->amax_best, s->amax_arrived);
         CKL();
     }
-    return 0;
-}
-
-// LILAC_PROFILE=1: where a persistent decode step's time goes. Phase kinds
-// (P1..P6 of cuda_decode.cuh, by layer type, and the head): the time from the
-// first CTA leaving the previous barrier to the last arriving at the next, and
-// the barrier itself (last arrival to last departure), averaged over layers.
-static int mk_profile_report(lilac_session *s, unsigned long long *d, lilac_err *err) {
-    const lilac_config *c = &s->m->cfg;
-    const int G = s->mk_grid, nbar = 6 * c->n_layers, slots = 3 * (nbar + 2), mid0 = 2 * (nbar + 2);
-    std::vector<unsigned long long> h((size_t)slots * (size_t)G);
-    cudaError_t e = cudaMemcpyAsync(h.data(), d, sizeof(unsigned long long) * h.size(), cudaMemcpyDeviceToHost, s->st);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s->st);
-    cudaFree(d);
-    if (!err) return 0;
-    CK(e);
-    auto mx = [&](int slot) { unsigned long long v = 0; for (int b = 0; b < G; b++) v = std::max(v, h[(size_t)slot * G + b]); return v; };
-    auto mn = [&](int slot) { unsigned long long v = ~0ull; for (int b = 0; b < G; b++) v = std::min(v, h[(size_t)slot * G + b]); return v; };
-    double work[2][6] = {{0}}, wait[2][6] = {{0}}, stg[2][6] = {{0}};
-    int cnt[2] = {0, 0};
-    for (int l = 0; l < c->n_layers; l++) {
-        const int f = c->is_full[l] ? 1 : 0;
-        cnt[f]++;
-        for (int k = 0; k < 6; k++) {
-            const int i = 1 + 6 * l + k; // barrier i ends phase k of layer l
-            work[f][k] += (double)(mx(2 * i) - mn(2 * i - 1)) * 1e-3;
-            wait[f][k] += (double)(mx(2 * i + 1) - mx(2 * i)) * 1e-3;
-            if (mx(mid0 + i)) stg[f][k] += (double)(mx(mid0 + i) - mn(2 * i - 1)) * 1e-3;
-        }
-    }
-    const double total = (double)(mx(2 * (nbar + 1)) - mn(1)) * 1e-3, headt = (double)(mx(2 * (nbar + 1)) - mn(2 * nbar + 1)) * 1e-3;
-    fprintf(stderr, "persistent decode step: %.1f us (grid %d x %d threads), head %.1f us; per layer (us, work / barrier):\n", total,
-            G, MK_THREADS, headt);
-    const char *nm[6] = {"input proj", "mixer core", "mixer out", "router+shared", "top-k+gate/up", "down"};
-    for (int f = 0; f < 2; f++) {
-        if (!cnt[f]) continue;
-        fprintf(stderr, "  %s x%d:", f ? "attention" : "gdn", cnt[f]);
-        for (int k = 0; k < 6; k++)
-            fprintf(stderr, "  %s %.1f (staged %.1f)/%.1f", nm[k], work[f][k] / cnt[f], stg[f][k] / cnt[f], wait[f][k] / cnt[f]);
-        fprintf(stderr, "\n");
-    }
-    return 0;
-}
-
-// Kernels that spin at grid barriers (the persistent decode kernel, k_moe_fused:
-// each sized to fill the GPU) must not share the SMs with another session's:
-// two grids each partly resident would wait on each other forever. So the
-// one-token work of different sessions runs one after another: each waits for
-// the last one queued (before = true), then becomes it. Around launches,
-// outside capture.
-static int mk_order(lilac_session *s, bool before, lilac_err *err) {
-    static cudaEvent_t last_ev = nullptr;
-    if (!s->mk_fn && s->moe_grid <= 0) return 0;
-    if (!last_ev) CK(cudaEventCreateWithFlags(&last_ev, cudaEventDisableTiming));
-    if (before) CK(cudaStreamWaitEvent(s->st, last_ev, 0));
-    else CK(cudaEventRecord(last_ev, s->st));
     return 0;
 }
 
@@ -1567,22 +1251,7 @@ static int cuda_forward(lilac_session *s, const int32_t *ids, int n, lilac_logit
         memcpy(s->h_pinned + 1, ids + done, sizeof(int) * (size_t)T);
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
         CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int) * (size_t)T, cudaMemcpyHostToDevice, s->st));
-        if (T == 1 && s->mk_fn) { // one token: the persistent kernel, logits included
-            unsigned long long *pb = nullptr;
-            if (prof.on) {
-                const size_t n = 3 * (6 * (size_t)c->n_layers + 2) * (size_t)s->mk_grid;
-                CK(cudaMalloc((void **)&pb, sizeof(unsigned long long) * n));
-                CK(cudaMemset(pb, 0, sizeof(unsigned long long) * n));
-            }
-            s->mk_prof = pb;
-            const int rc = mk_order(s, true, err) < 0 || decode_pass(s, false, err) < 0 || mk_order(s, false, err) < 0;
-            s->mk_prof = nullptr;
-            if (pb && mk_profile_report(s, pb, rc ? nullptr : err) < 0) return -1;
-            if (rc) return -1;
-            if (mode != LOGITS_NONE && logits)
-                CK(cudaMemcpyAsync(logits + (mode == LOGITS_ALL ? (int64_t)done * c->vocab : 0), s->logits,
-                                   sizeof(float) * (size_t)c->vocab, cudaMemcpyDeviceToHost, s->st));
-        } else if (mk_order(s, true, err) < 0 || run_layers(s, T, err) < 0 || mk_order(s, false, err) < 0) {
+        if (run_layers(s, T, err) < 0) {
             return -1;
         } else if (mode == LOGITS_ALL) {
             if (T > 1 && ensure_logits_rows(s, T, err) < 0) return -1;
@@ -1631,7 +1300,6 @@ static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool
     CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
     CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
     CK(cudaMemcpyAsync(s->d_step, s->h_pinned + 2, sizeof(int), cudaMemcpyHostToDevice, s->st));
-    if (mk_order(s, true, err) < 0) return -1;
     CK(cudaGraphLaunch(s->graph, s->st));
     CK(cudaEventRecord(s->step_ev[0], s->st));
     int produced = 0;
@@ -1646,7 +1314,6 @@ static int cuda_decode_greedy(lilac_session *s, int32_t first, int max_new, bool
         const bool more = on_token(ud, tok);
         if (!more || produced == max_new) break;
     }
-    if (mk_order(s, false, err) < 0) return -1;
     CK(cudaStreamSynchronize(s->st));
     s->pos += produced + 1;
     return produced;
@@ -1783,9 +1450,7 @@ static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int
         s->h_pinned[1] = ids[i];
         CK(cudaMemcpyAsync(s->d_pos, s->h_pinned, sizeof(int), cudaMemcpyHostToDevice, s->st));
         CK(cudaMemcpyAsync(s->d_ids, s->h_pinned + 1, sizeof(int), cudaMemcpyHostToDevice, s->st));
-        if (mk_order(s, true, err) < 0) return -1;
         CK(cudaGraphLaunch(s->sgraph, s->st));
-        if (mk_order(s, false, err) < 0) return -1;
     }
     for (int i = 0; i < n; i++) {
         CK(cudaStreamSynchronize(ss[i]->st));
@@ -1794,6 +1459,10 @@ static int cuda_forward_batch_sample(lilac_session **ss, const int32_t *ids, int
     }
     return 0;
 }
+
+// --attn-precision: the prefill attention's pieces of Q and P, two (f32-faithful, the default) or
+// one (bf16, as FlashAttention; cuda_attn.cuh). Read by every later prefill.
+static void cuda_set_attn_bf16(lilac_session *s, bool on) { s->attn_qp = on ? 1 : 2; }
 
 // Tests only (tests/cuda/test_cuda.c): moe_layer copies each multi-token pass's top-k to the table; the
 // copies are ordered on the session stream, which cuda_forward synchronises after every chunk.
@@ -1811,6 +1480,7 @@ extern "C" const lilac_backend lilac_backend_cuda = {
     nullptr, // route_replay: the CPU reference replays, this backend records
     nullptr, // route_regret
     2,       // kv_bytes: bf16
+    cuda_set_attn_bf16,
 };
 
 // ---------------------------------------------------------------- measurements for bench

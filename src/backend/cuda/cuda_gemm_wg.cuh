@@ -12,9 +12,8 @@
 // significant bits: k_split_x, as the 8-bit path), f32 accumulation; per group the
 // product is scaled in f32 (one FMA per output and group). The bias term is a product of
 // its own, on the tensor cores once per 16 groups: b (exact in bf16) against the group
-// sums xs in three bf16 pieces (2^-24). Until run 100 it was a second FMA per output and
-// group; moving it cut the loop from ~208 to ~175 instructions per group and warp and
-// made the kernel 1.09-1.15x faster (docs/perf.md).
+// sums xs in three bf16 pieces (2^-24), which keeps the loop at ~175 instructions per group
+// and warp where a second FMA per output and group needs ~208 (docs/perf.md).
 //
 // Tiles as k_gemm_q's (so the same grids and expert tile map, g4_tile): 128 weight rows x 64
 // tokens, one 64-column group per pipeline stage, two blocks per SM. Two warpgroups
@@ -25,12 +24,8 @@
 // its 16-byte chunk c at chunk c ^ (n & 7). Per group and warpgroup: eight wgmma
 // (4 k-steps x 2 parts) into a fresh accumulator, wait, fold. Stages arrive by
 // cp.async; a cross-proxy fence makes them visible to wgmma (which reads shared
-// memory through the async proxy). Measured and dropped (docs/perf.md, runs 86,
-// 88, 89, 92): 256-row tiles (7% slower, 1.5x slower on an expert's tile), the next
-// group's MMAs issued before the fold (two accumulators: spills at two blocks per
-// SM), 128-token tiles with that overlap at one block per SM (0.66x: 8 warps per SM
-// wait on every barrier), one barrier per two groups (3-5% slower), each group's MMAs
-// left running across the next barrier, waited for before its fold (16% slower).
+// memory through the async proxy). (Other tilings and overlaps that are slower:
+// docs/perf.md, "Retired variants".)
 //
 // sm_90a only (wgmma): other targets compile a kernel that traps. The host runs it
 // only where k_wg_probe, compiled the same way, reports the wgmma build. The CUDA
@@ -287,7 +282,7 @@ __global__ void __launch_bounds__(256, 2)
     int nn;
     dmat W2{};
     if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn, &W2)) return;
-    // (run 110: an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
+    // (an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
 #define WG_TILE(NB, PAIR) wg_tile<NB, PAIR>(job, W, W2, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm)
     if (job.swiglu) {
         if (nn > 32) WG_TILE(64, true);

@@ -35,7 +35,7 @@ __global__ void k_embed(dmat E, const int *ids, float *x) {
 }
 
 // Row y = x * inv * gain of H columns (a multiple of 64), four a thread, and into the split sp of row
-// `row` when sp.xh: the same bits k_split_x would make from y (run 113: its 120 launches of a 4k prefill,
+// `row` when sp.xh: the same bits k_split_x would make from y (whose 120 launches of a 4k prefill,
 // 3.0 ms, mostly re-read what a norm had just written); then yr may be null (only the split is read).
 // After a barrier: xr may be another thread's writes.
 __device__ __forceinline__ void norm_row_out(const float *xr, float inv, const float *gain, float *yr, int64_t H,
@@ -249,7 +249,7 @@ __device__ __forceinline__ float gdn_gates(float b, float a, float dt_bias, floa
 
 // The L2 scale of one q or k head's dk values at v (a q head's with 1/sqrt(dk) too), by one warp: k_gdn_prep
 // and k_conv's fused prep share it (the same loop, so the same bits; dk a run-time value in both: a constant
-// 128 folds rsqrtf(dk) to another last bit than the instruction computes, run 115).
+// 128 folds rsqrtf(dk) to another last bit than the instruction computes).
 __device__ __forceinline__ float gdn_qk_scale(const float *v, int dk, bool is_q) {
     const int lane = threadIdx.x & 31;
     float ss = 0.0f;
@@ -267,10 +267,10 @@ struct gdn_prep_args {
 
 #define CONV_TS 32
 template <int K>
-// (qkv and out never alias. Marking them __restrict__ and unrolling the token loop left a 4k layer's 90 us,
-// ~3 TB/s, as it was: run 113)
+// (qkv and out never alias. Marking them __restrict__ and unrolling the token loop leaves a 4k layer at 90 us,
+// ~3 TB/s.)
 // pp.qk_heads > 0 (blocks of 128 threads, dk = 128: a block of the first qk_heads is one head): k_gdn_prep
-// fused, so that its pass over the q/k rows goes (run 113: 37 us a 4k layer): a q/k block scales its
+// fused, so that its pass over the q/k rows goes (37 us a 4k layer): a q/k block scales its
 // segment's outputs by their heads' L2 scales before it stores them, and block x = 0 computes the
 // segment's gates; the same bits as k_conv then k_gdn_prep.
 __global__ void k_conv(const float *__restrict__ qkv, float *state2, const float *w, float *__restrict__ out, int T, int64_t CD,
@@ -420,8 +420,7 @@ __global__ void k_gdn_prep(float *conv_out, int64_t CD, int n_qk_heads, int Hk, 
 // RG + g: the thread keeps keys [g*KPT, (g+1)*KPT) (KPT = DK/RG) of its column
 // of the state S[dk][dv] in registers. The chain is serial in the tokens, so
 // the kernel's time is T times one token's dependent latency, whatever the
-// number of warps (RG 8 and 16 with the old loop were 2% and 7% slower than 4:
-// docs/perf.md, run 69): a token is one pass over S (update, o_t, and the next
+// number of warps (docs/perf.md): a token is one pass over S (update, o_t, and the next
 // token's S.k) and one set of shuffle rounds for two values. q and k are read
 // as float4 from shared memory, each key group padded by 4 floats so that the
 // groups a warp reads at once sit in different banks. q, k, v, decay and beta
@@ -618,9 +617,7 @@ static inline gdn_recur_fn gdn_recur_kernel(int dk, int &rg, int &c, int Hv, int
 // distributed shared memory. Block = cw x G threads: thread (m, g) keeps keys
 // [g*KPT, (g+1)*KPT) of state column m in registers, so the state slice is
 // loaded in one round trip.
-#ifndef GDN_G
-#define GDN_G 8 // key groups a state column: 8 (93 registers) decoded 1.5-2.3% faster than 4 (128, spilling; run 142)
-#endif
+#define GDN_G 8 // key groups a state column: 8 (93 registers; 4 need 128 and spill)
 #define GDN_SPLIT 4
 // The one-token kernel's shape for dv: threads per block, 0 when it has none
 // (the layer then runs the prefill chain for its token).
@@ -647,7 +644,7 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
     float sv[KPT];
     // weights first (they don't depend on the previous kernel), then everything
     // this thread will read, so that one round trip serves them all: the gates'
-    // and the gated norm's inputs used to be two more after the conv's
+    // and the gated norm's inputs would be two more after the conv's
     const float a_log = A_log[j], dtb = dt_bias[j], nwm = nw[m];
     // The state too: only this layer's step of the previous token writes it, and every
     // step starts with k_embed, which never lets its successor launch before it ends
@@ -765,7 +762,7 @@ __device__ __forceinline__ void warp_norm_rope(const float *src, const float *g,
 // q_norm + RoPE on query head h of token t (in place), or k_norm + RoPE on key
 // head h - nh and both k and v into the bf16 cache (rounded to nearest even) at
 // position pos + t. Grid (T, nh + nkv), one warp each. (One decode token:
-// k_attn_dec does this itself.)
+// k_attn_dec_mma does this itself.)
 __global__ void k_attn_prep(float *qg, const float *kx, const float *vx, const float *qn, const float *kn,
                             __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv, int hd, int rd,
                             const float *inv_freq, float eps) {
@@ -846,18 +843,18 @@ __global__ void __launch_bounds__(128) k_attn(const float *qg, const __nv_bfloat
     }
 }
 
-#include "cuda_attn_dec.cuh" // k_attn_dec_mma and k_attn_dec: the decode attention
+#include "cuda_attn_dec.cuh" // k_attn_dec_mma: the decode attention
 
-// Merge the split partials of k_attn / k_attn_dec and apply the output gate
+// Merge the split partials of k_attn / k_attn_dec_mma and apply the output gate
 // (hd a multiple of 32; S <= 128). Grid (nh, T, hd/32): block z takes dims
 // [32z, 32z + 32), lane = dim; warp w sums the splits w, w + 8, ... (at most
 // 16, their partials all loaded at once, before the global max M is known);
 // every warp finds M and the normaliser itself; the 8 warps' sums meet in
 // shared memory. Every load is issued at once (one L2 round trip): the splits'
 // maxima and sums sit four per lane, and a warp's split weights come by shuffle.
-// (One block per head looping over its splits, 16 blocks, took 9-17 us at 64
-// splits; this grid measured 9.0 us alone in test_attn with three dependent
-// rounds of loads: docs/perf.md, session 6.)
+// (One block per head looping over its splits, 16 blocks, takes 9-17 us at 64
+// splits; this grid 9.0 us alone in test_attn with three dependent rounds of
+// loads: docs/perf.md.)
 __host__ __device__ inline dim3 attn_combine_grid(int nh, int T, int hd) {
     return dim3((unsigned)nh, (unsigned)T, (unsigned)(hd / 32));
 }
@@ -955,8 +952,8 @@ __global__ void k_topk_reg(const float *logits, int E, int K, int norm, int *top
 // cursor. With `tiles`: the GEMM tile map, one entry (expert, first token) per
 // 64 tokens of each expert (empty experts get none), count in *n_tiles.
 // One block of MOE_SCAN_THREADS, a thread per expert (the experts in chunks of
-// that many): one thread walking 256 experts took 65 us of a 4k prefill layer
-// (run 110), a block-wide scan a few.
+// that many): one thread walking 256 experts takes 65 us of a 4k prefill layer,
+// a block-wide scan a few.
 #define MOE_SCAN_THREADS 256
 __global__ void __launch_bounds__(MOE_SCAN_THREADS) k_moe_scan(int *counts, int E, int *offs, int *cursor, int2 *tiles, int *n_tiles) {
     pdl_wait();
@@ -1010,8 +1007,8 @@ __global__ void k_moe_scatter(const int *topi, int n_slots, const int *offs, int
 // xn[t]. Without: grid (T, blocks of 1024 columns), elementwise. Four columns
 // a thread (H is a multiple of 64: up_mat's rule for every matrix, the router's
 // columns among them): the K rows of ye are ~2/3 of a 4k prefill's bytes here,
-// and four-wide loads keep 4x the bytes in flight (run 110: 146 us a layer,
-// ~2.7 TB/s, with one float a load; run 113: 108 us).
+// and four-wide loads keep 4x the bytes in flight (108 us a layer, against 146 us,
+// ~2.7 TB/s, with one float a load).
 __global__ void k_moe_combine(float *x, const float *ye, const float *topw, int K, const float *shy, const float *sg,
                               int64_t H, const float *gain, float *xn, float eps, g4_split sp) {
     pdl_wait();

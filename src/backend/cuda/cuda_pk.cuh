@@ -89,7 +89,7 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
     }
     if (!in) return;
     const float inv = m > 0.0f ? 127.0f / m : 0.0f; // m = inf: pieces 0, σ inf; NaN x: Σx carries it
-    // 32-bit byte offsets from the group's base: 48 fewer instructions than 64-bit ones from xq (run 139)
+    // 32-bit byte offsets from the group's base: 48 fewer instructions than 64-bit ones from xq
     int8_t *xb = (int8_t *)xq + (q >> 4) * 256; // group G = q / 16: 16 uint4 (4 piece planes of 64 bytes)
     const int ql = (int)q & 15;
 #pragma unroll
