@@ -22,7 +22,12 @@
 #include <vector>
 
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #include "backend/cuda/cuda_packed.cuh"
 
 static const int NL = 40;    // launches per graph

@@ -26,7 +26,7 @@
 
 #include "cuda_test.h"
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_pk.cuh"
+#include "backend/cuda/cuda_packed_dot.cuh"
 
 // ---------------------------------------------------------------- grid barrier
 // (the persistent kernel's; launched cooperatively, so every CTA is resident)

@@ -24,7 +24,12 @@
 
 #include "cuda_test.h"
 #include "backend/cuda/cuda_attn.cuh"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 
 struct Case {
     int nh, nkv, hd, T, pos;

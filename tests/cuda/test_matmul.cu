@@ -30,7 +30,12 @@
 
 #include "../unit/check.h"
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #include "backend/cuda/cuda_packed.cuh"
 #include "backend/cuda/cuda_gemm_wg.cuh"
 
@@ -777,7 +782,7 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     CHECKF(e <= BAR, "gemm_%s<4> grouped T=%lld: rel err %.3e", g4_name(v), (long long)T, e);
 }
 
-// k_gemm_wg's swiglu job (cuda_g4.cuh), as the prefill MoE launches it: gate and up (E experts of I x C)
+// k_gemm_wg's swiglu job (cuda_gemm4_tile.cuh), as the prefill MoE launches it: gate and up (E experts of I x C)
 // in one block, SwiGLU's split of the down projection's input out of the epilogue. Against the unfused
 // path on the device (the pair GEMM's gu, then k_split_x<1>): the same bytes, parts and group sums.
 // E > 1: grouped over a tile map (T tokens x KS slots, slot s to expert (7s + s/5) % E); else plain.

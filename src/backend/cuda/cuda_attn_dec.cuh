@@ -1,7 +1,7 @@
 // cuda_attn_dec.cuh — decode attention: one query token against the bf16 KV cache,
 // GQA-packed (block = one KV head and one split of its keys, serving the G <= 8 query
 // heads that share the head, so each K and V element is read once), its splits merged by
-// k_attn_combine (cuda_kernels.cuh).
+// k_attn_combine (cuda_attn_split.cuh).
 //
 // k_attn_dec_mma: both products on the tensor cores (mma.sync m16n8k16, bf16 in, f32
 // accumulate). Per warp and 16 keys: S^T = K Q^T (M = the keys, N = the 8 heads, K = the
@@ -28,7 +28,7 @@
 #endif
 #include "cuda_attn_wg.cuh" // attn_wg::split: a value pair as two bf16 pieces, as the prefill attention splits P
 
-// warp_norm_rope's math (cuda_kernels.cuh) on one head whose values, gains and RoPE
+// warp_norm_rope's math (cuda_attn_split.cuh) on one head whose values, gains and RoPE
 // frequencies a warp already holds (element lane + 32 k in r[k], g[k], f[k]; f only below
 // rd/2), so that their loads could be issued before anything else: dst (shared
 // memory, this warp's alone) gets the result. The same operations in the same

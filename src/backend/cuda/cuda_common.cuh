@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_dmat.cuh"
+#include "cuda_matrix.cuh"
 
 #include "cuda_reduce.cuh" // warp and block sums and maxima, argmax
 

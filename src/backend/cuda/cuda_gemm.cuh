@@ -31,8 +31,8 @@
 // A fragment); 8-bit codes in the MLX layout. B fragments come from ldmatrix.
 #pragma once
 #include "cuda_common.cuh"
-#include "cuda_g4.cuh"
-#include "cuda_pk.cuh" // i8_pieces, imma_s8
+#include "cuda_gemm4_tile.cuh"
+#include "cuda_packed_dot.cuh" // i8_pieces, imma_s8
 
 #define G4_STAGES 3
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)

@@ -33,7 +33,7 @@
 // descriptor decoding) runs it in CI: built with -DLILAC_CUEMU (test_gemm_wg_emu.cc).
 #pragma once
 #include "cuda_wgmma.cuh"
-#include "cuda_g4.cuh"
+#include "cuda_gemm4_tile.cuh"
 
 // Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
 // two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
@@ -51,7 +51,7 @@ constexpr size_t wg_smem() { return (size_t)wg_lay::XB + 2 * wg_lay::XB_W + 1024
 // One tile of k_gemm_wg (g4_tile placed it: W, y, ldy, m0, xrow, yrow) whose tokens the MMAs cover
 // NB wide (64, or 32 / 16 for a tile of at most that many: an expert's last, partial tile; its
 // absent tokens cost copies of zeros, not multiply-adds). sm: the stages (1024-byte aligned).
-// PAIR (a swiglu job, cuda_g4.cuh): warpgroup 0 computes 64 rows of W (the gate), warpgroup 1 the
+// PAIR (a swiglu job, cuda_gemm4_tile.cuh): warpgroup 0 computes 64 rows of W (the gate), warpgroup 1 the
 // same rows of W2 (the up), and the epilogue writes SwiGLU's split instead of y.
 template <int NB, bool PAIR>
 __device__ __forceinline__ void wg_tile(const g4_job &job, const dmat &W, const dmat &W2, float *y, int64_t ldy, int64_t m0,

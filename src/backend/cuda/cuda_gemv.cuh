@@ -11,8 +11,8 @@
 #include "cuda_common.cuh"
 #define GEMV_SMEM(name) extern __shared__ __align__(16) float name[]
 #endif
-#include "cuda_dmat.cuh"
-#include "cuda_pk.cuh"
+#include "cuda_matrix.cuh"
+#include "cuda_packed_dot.cuh"
 #include "cuda_topk.cuh"
 
 enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };

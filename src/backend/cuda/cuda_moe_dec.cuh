@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda_dmat.cuh"
-#include "cuda_pk.cuh"
+#include "cuda_matrix.cuh"
+#include "cuda_packed_dot.cuh"
 #include "cuda_topk.cuh"
 
 #ifdef LILAC_CUEMU // a launch's dynamic shared memory

@@ -1,4 +1,4 @@
-// cuda_pk.cuh — one packed 16 x 64 group (cuda_packed.cuh's layout) times an input
+// cuda_packed_dot.cuh — the packed 4-bit product: one packed 16 x 64 group (cuda_packed.cuh's layout) times an input
 // staged as int8 pieces, on the integer tensor cores: the product the decode GEMV and
 // the decode MoE kernels are made of, and the pieces the prefill GEMM's input is split
 // into. Also built by the CUDA emulator (tests/cuda/emu: its mma.h stands in for the MMA).
