@@ -32,7 +32,11 @@ static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lil
                   "or Qwen/Qwen3.6-35B-A3B directory)", cmd);
     lilac_err err = {{0}};
     if (be && !(*be = lilac_backend_get(o->backend, &err))) lilac_die("%s", err.msg);
-    if (be) o->attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, (*be)->set_attn_bf16 != NULL);
+    if (be) {
+        const int bf16 = opt_attn_bf16(cmd, o->attn_precision, (*be)->set_attn_bf16 != NULL, &err);
+        if (bf16 < 0) lilac_die("%s", err.msg);
+        o->attn_bf16 = bf16 == 1;
+    }
     if (o->threads < 0) lilac_die("--threads must be positive");
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(m, o->model, &err) < 0) lilac_die("%s", err.msg);

@@ -79,6 +79,8 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     }
     const lilac_backend *be = lilac_backend_get(o->backend, err);
     if (!be) return -1;
+    const int attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, be->set_attn_bf16 != NULL, err);
+    if (attn_bf16 < 0) return -1;
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(&L->m, o->model, err) < 0) {
         memset(&L->m, 0, sizeof L->m);
@@ -104,7 +106,7 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .tok = L->tok,
                      .max_seq = ms,
                      .threads = (int)o->threads,
-                     .attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, be->set_attn_bf16 != NULL),
+                     .attn_bf16 = attn_bf16 == 1,
                      .n_slots = o->parallel ? (int)o->parallel : 1,
                      .queue_max = o->queue > 0 ? (int)o->queue : 64,
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../util/common.h" /* lilac_err */
+
 /* Returns the process exit code. argv[0] is the command name. */
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
@@ -25,9 +27,9 @@ int cmd_convert(int argc, char **argv);
 bool opt_str(int argc, char **argv, int *i, const char *name, const char **out);
 bool opt_int(int argc, char **argv, int *i, const char *name, long *out);
 bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out);
-/* --attn-precision's value (NULL: the default): f32 -> false, bf16 -> true; anything else dies naming the
- * command. bf16 also dies where the backend has no such choice (set_attn_bf16 NULL). */
-bool opt_attn_bf16(const char *cmd, const char *value, bool backend_can);
+/* --attn-precision's value (NULL: the default): f32 -> 0, bf16 -> 1; anything else, or bf16 where the
+ * backend has no such choice (set_attn_bf16 NULL), -1 + err naming the command. */
+int opt_attn_bf16(const char *cmd, const char *value, bool backend_can, lilac_err *err);
 /* Dies with "unknown option" naming the command. */
 _Noreturn void opt_unknown(const char *cmd, const char *word);
 
