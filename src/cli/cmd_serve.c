@@ -30,7 +30,7 @@ static const char NO_MODEL[] =
     "  To try the API without it: `lilac demo` serves a small random-weight model (gibberish text).";
 
 typedef struct {
-    const char *model, *backend;
+    const char *model, *backend, *attn_precision;
     long threads, max_seq, parallel, queue, prefill_chunk;
     const char *cache_mb, *snapshot_every; /* NULL: defaults */
 } engine_opts;
@@ -58,7 +58,8 @@ static bool engine_opt(int argc, char **argv, int *i, engine_opts *o) {
            opt_range(argc, argv, i, "--parallel", 1, 64, &o->parallel) ||
            opt_range(argc, argv, i, "--queue", 1, 1L << 20, &o->queue) ||
            opt_range(argc, argv, i, "--prefill-chunk", 1, 1L << 20, &o->prefill_chunk) ||
-           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every);
+           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every) ||
+           opt_str(argc, argv, i, "--attn-precision", &o->attn_precision);
 }
 
 static void add_eos(loaded *L, int32_t id) {
@@ -267,6 +268,8 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     const lilac_backend *be = lilac_backend_get(o->backend, err);
     if (!be) return -1;
     L->be = be;
+    const int attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, be->set_attn_bf16 != NULL, err);
+    if (attn_bf16 < 0) return -1;
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(&L->m, o->model, err) < 0) {
         memset(&L->m, 0, sizeof L->m);
@@ -292,6 +295,7 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .tok = L->tok,
                      .max_seq = L->max_seq,
                      .threads = (int)o->threads,
+                     .attn_bf16 = attn_bf16 == 1,
                      .n_slots = L->n_slots,
                      .queue_max = o->queue > 0 ? (int)o->queue : 64,
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,
@@ -309,7 +313,7 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     char gpu[256];
     double gfree, gtot;
     if (!strcmp(be->name, "cuda") && gpu_info(gpu, sizeof gpu, &gfree, &gtot))
-        snprintf(L->where, sizeof L->where, "backend cuda on %s: %.1f of %.1f GiB used", gpu, (gtot - gfree) / GIB, gtot / GIB);
+        snprintf(L->where, sizeof L->where, "backend cuda on %.160s: %.1f of %.1f GiB used", gpu, (gtot - gfree) / GIB, gtot / GIB);
 #endif
     return 0;
 }

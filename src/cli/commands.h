@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "../util/common.h" /* lilac_err */
+
 /* Returns the process exit code. argv[0] is the command name. */
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
@@ -38,6 +40,9 @@ bool opt_flag(int argc, char **argv, int *i, const char *name, bool *out);
 /* The k-th alias of a flag (llama.cpp's or vLLM's spelling: "-m" for
  * "--model"), NULL past the last. */
 const char *opt_alias(const char *name, int k);
+/* --attn-precision's value (NULL: the default): f32 -> 0, bf16 -> 1; anything else, or bf16 where the
+ * backend has no such choice (set_attn_bf16 NULL), -1 + err naming the command. */
+int opt_attn_bf16(const char *cmd, const char *value, bool backend_can, lilac_err *err);
 /* Dies with "unknown option" naming the command. */
 _Noreturn void opt_unknown(const char *cmd, const char *word);
 

@@ -100,3 +100,10 @@ void opt_unknown(const char *cmd, const char *word) {
     lilac_die("%s: unknown option \"%s\" (see `lilac %s --help`)", cmd, word, cmd);
 }
 
+int opt_attn_bf16(const char *cmd, const char *value, bool backend_can, lilac_err *err) {
+    if (!value || !strcmp(value, "f32")) return 0;
+    if (strcmp(value, "bf16")) return lilac_fail(err, "%s: --attn-precision expects f32 or bf16, not \"%s\"", cmd, value);
+    if (!backend_can)
+        return lilac_fail(err, "%s: --attn-precision bf16 needs the CUDA backend (the CPU backend computes attention in f32)", cmd);
+    return 1;
+}
