@@ -8,7 +8,9 @@
 #define MODEL_FLAGS                                                                                        \
     "  --model DIR, -m DIR       the checkpoint directory (default: $LILAC_MODEL)\n"                       \
     "  --backend cpu|cuda|auto   compute backend (default auto: cuda where a usable GPU is, else cpu)\n"   \
-    "  --threads N, -t N         CPU threads, 1..1024 (default: all cores)\n"
+    "  --threads N, -t N         CPU threads, 1..1024 (default: all cores)\n"                              \
+    "  --attn-precision P        f32|bf16: the CUDA prefill attention f32-faithful, or on bf16 operands as\n"  \
+    "                            FlashAttention, faster at long prompts (default f32)\n"
 
 #define ENGINE_FLAGS                                                                                                 \
     MODEL_FLAGS                                                                                                      \
