@@ -502,6 +502,19 @@ void cg_matcher_mask_uncached(lilac_matcher *m, uint64_t *mask) {
 }
 
 void lilac_mask_apply(const uint64_t *mask, float *logits, int32_t n) {
-    for (int32_t i = 0; i < n; i++)
-        if (!(mask[i >> 6] >> (i & 63) & 1)) logits[i] = -INFINITY;
+    /* word by word: whole words allowed (the common case inside strings) or
+     * refused (most of the vocabulary elsewhere) cost one test each */
+    for (int32_t w = 0; w * 64 < n; w++) {
+        const uint64_t m = mask[w];
+        const int32_t lo = w * 64, hi = lo + 64 < n ? lo + 64 : n;
+        if (m == ~0ull && hi - lo == 64) continue;
+        if (!m) {
+            for (int32_t i = lo; i < hi; i++) logits[i] = -INFINITY;
+            continue;
+        }
+        for (int32_t i = lo; i < hi; i++)
+            if (!(m >> (i - lo) & 1)) logits[i] = -INFINITY;
+    }
 }
+
+size_t lilac_matcher_mask_words(const lilac_matcher *m) { return m->v->words; }
