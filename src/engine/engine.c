@@ -298,7 +298,7 @@ static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
     sl->dev = false;
     sl->cons = j->matcher && j->constrain_after < 0;
     if (be->sample_begin && be->forward_sample && be->forward_batch_sample && !j->logprobs && !j->forced &&
-        !j->matcher && !j->n_bias) {
+        (be->sample_constrain || (!j->matcher && !j->n_bias))) {
         lilac_err serr = {{0}};
         sl->dev = be->sample_begin(sl->s, &j->samp, j->prompt, j->n_prompt, &serr) == 0; /* else the host sampler */
     }
@@ -366,6 +366,22 @@ static int32_t host_pick(lilac_engine *e, slot *sl, const float *lg, const char 
         lilac_mask_apply(sl->mask, e->clog, (int32_t)V);
     }
     return lilac_sample(&sl->samp, &j->samp, e->clog);
+}
+
+/* A row sampled in the backend: hand it the constraint's mask for its next
+ * draw and the job's logit_bias. 0, or -1 + *why (the job must end). */
+static int dev_constrain(lilac_engine *e, slot *sl, const char **why, lilac_err *err) {
+    eng_job *j = sl->job;
+    if (!j->matcher && !j->n_bias) return 0;
+    if (sl->cons && !fill_mask(e, sl)) {
+        *why = NOTHING_ALLOWED;
+        return -1;
+    }
+    if (e->cfg.be->sample_constrain(sl->s, sl->cons ? sl->mask : NULL, j->bias_ids, j->bias_vals, j->n_bias, err) < 0) {
+        *why = err->msg;
+        return -1;
+    }
+    return 0;
 }
 
 /* Advance the job's constraint by `tok`; false (the job ended with an error)
@@ -453,6 +469,11 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     bool last = sl->pos + n == j->n_prompt;
     const bool dev = last && sl->dev; /* the first token is sampled in the backend */
     int32_t tok = -1;
+    const char *why = NULL;
+    if (dev && dev_constrain(e, sl, &why, &err) < 0) {
+        finish(e, sl, "error", why);
+        return;
+    }
     double t0 = lilac_now();
     if ((dev ? be->forward_sample(sl->s, j->prompt + sl->pos, n, &tok, &err)
              : be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err)) < 0) {
@@ -468,7 +489,6 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     pthread_mutex_unlock(&e->mu);
     if (boundary || last) take_snapshot(e, sl);
     if (!last) return;
-    const char *why = NULL;
     if (j->forced) tok = j->n_forced > 0 ? j->forced[0] : -1;
     else if (!dev) tok = host_pick(e, sl, e->logits, &why);
     if (why) {
@@ -502,6 +522,12 @@ static void decode_step(lilac_engine *e) {
         int32_t id = sl->job ? sl->next : sl->tail;
         if (id < 0) continue;
         if (sl->job && sl->dev) {
+            const char *why = NULL;
+            lilac_err cerr = {{0}};
+            if (dev_constrain(e, sl, &why, &cerr) < 0) {
+                finish(e, sl, "error", why);
+                continue;
+            }
             e->dss[nd] = sl->s;
             e->dids[nd] = id;
             e->brow[n] = nd++;
