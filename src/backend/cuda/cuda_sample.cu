@@ -740,7 +740,7 @@ cuda_sampler *cuda_sampler_new(int64_t vocab, lilac_err *err) {
     lilac_sampling d;
     lilac_sampling_default(&d);
     c->hp = smp_params{d.temperature, d.top_p, d.min_p, d.presence_penalty, d.frequency_penalty,
-                       d.repetition_penalty, d.top_k, SMP_CAP, ldexp(1.0, F)};
+                       d.repetition_penalty, d.top_k, SMP_CAP, ldexp(1.0, F), 0, 0};
     if (smp_init(c, err) < 0) {
         cudaGetLastError();
         cuda_sampler_free(c);
