@@ -102,6 +102,13 @@ typedef struct {
      * attention's precision for the session's later prefills, `--attn-precision`: false (f32, the
      * default) or true (bf16 pieces of the scores' and weights' operands, as FlashAttention). */
     void (*set_attn_bf16)(lilac_session *s, bool on);
+    /* Optional (NULL: the engine samples rows with a constraint or logit_bias on the host): for the
+     * session's following forward_sample / forward_batch_sample draws, until the next call or
+     * sample_begin, add logit_bias (n_bias ids and values; 0: none) to the logits and set those of
+     * ids whose bit in `mask` is clear to -inf (ceil(vocab/64) words, bit i%64 of word i/64 for id i;
+     * NULL: no mask), before the penalties, exactly as the host path does. */
+    int (*sample_constrain)(lilac_session *s, const uint64_t *mask, const int32_t *bias_ids, const float *bias_vals,
+                            int n_bias, lilac_err *err);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

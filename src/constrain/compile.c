@@ -57,6 +57,7 @@ lilac_grammar *lilac_grammar_compile(int kind, const char *text, size_t len, con
     case LILAC_GRAMMAR_SCHEMA: return lilac_grammar_from_schema(text, len, o, err);
     case LILAC_GRAMMAR_REGEX: return lilac_grammar_from_regex(text, len, err);
     case LILAC_GRAMMAR_CHOICE: return choices_json(text, len, err);
+    case LILAC_GRAMMAR_QWEN_TOOLS: return lilac_grammar_from_qwen_tools(text, len, err);
     }
     lilac_fail(err, "constrain: unknown grammar kind %d", kind);
     return NULL;

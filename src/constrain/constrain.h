@@ -35,6 +35,7 @@ enum {
     LILAC_GRAMMAR_SCHEMA = 1, /* a JSON Schema (text of a JSON document) */
     LILAC_GRAMMAR_REGEX = 2,  /* a regex the whole output must match */
     LILAC_GRAMMAR_CHOICE = 3, /* a JSON array of strings: the output is one of them */
+    LILAC_GRAMMAR_QWEN_TOOLS = 4, /* {"tools": [OpenAI tools], "name": optional}: one forced call */
 };
 
 typedef struct {
@@ -59,6 +60,14 @@ typedef struct {
 } lilac_schema_alt;
 lilac_grammar *lilac_grammar_from_schema_alts(const lilac_schema_alt *alts, size_t n, const lilac_schema_opts *o,
                                               lilac_err *err);
+/* One tool call in Qwen3.6's XML syntax, `<tool_call>\n<function=NAME>\n`
+ * then `<parameter=KEY>\nVALUE\n</parameter>\n` per parameter (the schema's
+ * order; required ones always) then `</function>\n</tool_call>`, for any
+ * function of `tools` (an OpenAI tools array) or only the one `name` names.
+ * VALUE is written as src/server/outparse.c reads it back by the property's
+ * type: strings raw (no '<'), other types JSON valid against the property's
+ * schema. `json` is {"tools": [...], "name": "..."} (name optional). */
+lilac_grammar *lilac_grammar_from_qwen_tools(const char *json, size_t len, lilac_err *err);
 lilac_grammar *lilac_grammar_from_regex(const char *re, size_t len, lilac_err *err);
 lilac_grammar *lilac_grammar_from_choices(const char *const *choices, const size_t *lens, size_t n, lilac_err *err);
 /* Compile by kind (LILAC_GRAMMAR_*); CHOICE takes a JSON array of strings. */
@@ -124,6 +133,9 @@ bool lilac_matcher_is_done(const lilac_matcher *m);
 
 /* The allowed tokens now: `mask` gets lilac_cvocab_mask_words(v) words. */
 void lilac_matcher_fill_mask(lilac_matcher *m, uint64_t *mask);
+
+/* lilac_cvocab_mask_words of the matcher's vocabulary. */
+size_t lilac_matcher_mask_words(const lilac_matcher *m);
 
 /* Set logits of disallowed tokens to -INFINITY (a host-side apply). */
 void lilac_mask_apply(const uint64_t *mask, float *logits, int32_t n_vocab);

@@ -1018,3 +1018,181 @@ lilac_grammar *lilac_grammar_from_schema_alts(const lilac_schema_alt *alts, size
     cgb_free(&b);
     return g;
 }
+
+/* ---- Forced tool calls in Qwen's XML syntax ------------------------------------------------ */
+
+/* The raw text of a string parameter: the enum or const values, a pattern,
+ * or any text without '<' (so it cannot close the parameter early), within
+ * minLength/maxLength. outparse.c takes it verbatim as the JSON string. */
+static cg_ast *raw_string_ast(sc *s, json_t *prop) {
+    cg_builder *b = s->b;
+    json_t *en = json_object_get(prop, "enum"), *cn = json_object_get(prop, "const");
+    json_t *pat = json_object_get(prop, "pattern");
+    if (en || cn) {
+        json_t *one = json_array();
+        if (cn) json_array_append(one, cn);
+        json_t *arr = en ? en : one;
+        if (!json_is_array(arr) || !json_array_size(arr)) {
+            json_decref(one);
+            return sfail(s, "'enum' must be a non-empty array");
+        }
+        size_t n = json_array_size(arr);
+        cg_bstr *v = xcalloc(n, sizeof *v);
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_array_get(arr, i);
+            if (json_is_string(x) && !memchr(json_string_value(x), '<', json_string_length(x)))
+                v[k++] = (cg_bstr){(const uint8_t *)json_string_value(x), json_string_length(x)};
+        }
+        cg_ast *a = k ? cg_trie_ast(b, v, k) : sfail(s, "no string value without '<' in 'enum'/'const'");
+        free(v);
+        json_decref(one);
+        return a;
+    }
+    if (pat) {
+        size_t o = path_push(s, ".pattern");
+        if (!json_is_string(pat)) return sfail(s, "'pattern' must be a string");
+        char where[1100];
+        snprintf(where, sizeof where, "schema %s: ", s->path);
+        cg_ast *re = cg_regex_ast(b, json_string_value(pat), json_string_length(pat), where, false);
+        path_pop(s, o);
+        return re;
+    }
+    json_t *mnl = json_object_get(prop, "minLength"), *mxl = json_object_get(prop, "maxLength");
+    long long lo = json_is_integer(mnl) ? json_integer_value(mnl) : 0, hi = json_is_integer(mxl) ? json_integer_value(mxl) : -1;
+    if (lo < 0 || lo > CG_MAX_REPEAT || hi > CG_MAX_REPEAT || (hi >= 0 && hi < lo))
+        return sfail(s, "string length bounds outside 0..%d", CG_MAX_REPEAT);
+    uint32_t lt[] = {'<', '<'};
+    return ast_rep(b, ast_class(b, lt, 1, true), (int)lo, (int)hi);
+}
+
+/* How outparse.c reads a parameter's text back (its param_type): by the
+ * first non-null `type`, JSON for enum/anyOf ("any"), else a raw string. */
+static const char *param_kind(json_t *prop) {
+    json_t *t = json_object_get(prop, "type");
+    if (json_is_string(t)) return json_string_value(t);
+    if (json_is_array(t))
+        for (size_t j = 0; j < json_array_size(t); j++) {
+            const char *x = json_string_value(json_array_get(t, j));
+            if (x && strcmp(x, "null")) return x;
+        }
+    if (json_object_get(prop, "enum") || json_object_get(prop, "anyOf")) return "any";
+    return "";
+}
+
+static bool annotations_only(json_t *prop) {
+    if (json_is_true(prop)) return true;
+    const char *k;
+    json_t *v;
+    json_object_foreach(prop, k, v) {
+        bool ann = false;
+        for (size_t i = 0; i < sizeof ANNOTATIONS / sizeof *ANNOTATIONS && !ann; i++) ann = !strcmp(ANNOTATIONS[i], k);
+        if (!ann) return false;
+    }
+    return true;
+}
+
+/* One parameter's value as outparse.c will read it back. */
+static cg_ast *param_value(sc *s, json_t *prop) {
+    if (!json_is_object(prop) && !json_is_true(prop)) return sfail(s, "a schema must be an object or a boolean");
+    const char *kind = json_is_true(prop) ? "" : param_kind(prop);
+    if (!strcmp(kind, "string") || (!kind[0] && annotations_only(prop))) return raw_string_ast(s, prop);
+    if (!kind[0])
+        return sfail(s, "a forced tool call needs a 'type' (or 'enum'/'anyOf') here: its text is read back by type");
+    if (!strcmp(kind, "any") || json_is_string(json_object_get(prop, "type"))) return schema_ast(s, prop);
+    json_t *one = json_deep_copy(prop); /* a list of types: the first non-null, as outparse.c reads it */
+    json_object_set_new(one, "type", json_string(kind));
+    cg_ast *a = schema_ast(s, one);
+    json_decref(one);
+    return a;
+}
+
+/* <function=NAME>\n, the parameters in the schema's order (the required ones
+ * always, others optionally), </function>\n. */
+static cg_ast *tool_call_ast(sc *s, const char *name, json_t *params) {
+    cg_builder *b = s->b;
+    char head[600];
+    snprintf(head, sizeof head, "<function=%s>\n", name);
+    cg_astv seq = {0};
+    astv_push(&seq, ast_str(b, head));
+    if (params && !json_is_null(params)) {
+        if (!json_is_object(params)) return sfail(s, "the parameters must be a JSON Schema object");
+        json_t *t = json_object_get(params, "type");
+        if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")))
+            return sfail(s, "the parameters' type must be \"object\"");
+        json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+        if (props && !json_is_object(props)) return sfail(s, "'properties' must be an object");
+        const char *key;
+        json_t *prop;
+        json_object_foreach(props, key, prop) {
+            if (strchr(key, '>') || strchr(key, '\n')) return sfail(s, "parameter name '%.60s' holds '>' or a newline", key);
+            size_t o = path_push(s, ".properties.%s", key);
+            cg_ast *v = param_value(s, prop);
+            path_pop(s, o);
+            if (!v) return NULL;
+            char open[600];
+            snprintf(open, sizeof open, "<parameter=%s>\n", key);
+            cg_ast *p = ast_seq3(b, ast_str(b, open), v, ast_str(b, "\n</parameter>\n"));
+            bool required = false;
+            for (size_t i = 0; json_is_array(req) && i < json_array_size(req) && !required; i++)
+                required = json_is_string(json_array_get(req, i)) && !strcmp(json_string_value(json_array_get(req, i)), key);
+            astv_push(&seq, required ? p : ast_rep(b, p, 0, 1));
+        }
+        for (size_t i = 0; json_is_array(req) && i < json_array_size(req); i++) {
+            const char *r = json_string_value(json_array_get(req, i));
+            if (r && !json_object_get(props, r)) return sfail(s, "required parameter '%.60s' is not in 'properties'", r);
+        }
+    }
+    astv_push(&seq, ast_str(b, "</function>\n"));
+    cg_ast *a = b->failed ? NULL : ast_seq(b, seq.v, seq.n);
+    astv_free(&seq);
+    return a;
+}
+
+lilac_grammar *lilac_grammar_from_qwen_tools(const char *json, size_t len, lilac_err *err) {
+    lilac_schema_opts opts;
+    lilac_schema_opts_default(&opts);
+    cg_builder b;
+    cgb_init(&b, err);
+    sc s;
+    sc_init(&s, &b, &opts);
+    int root = cgb_rule(&b, "root");
+    json_error_t je;
+    json_t *doc = json_loadb(json, len, 0, &je);
+    json_t *tools = json_object_get(doc, "tools");
+    const char *only = json_string_value(json_object_get(doc, "name"));
+    if (!json_is_array(tools)) cgb_fail(&b, "tools: expected {\"tools\": [...], \"name\": ...}");
+    cg_astv calls = {0};
+    for (size_t i = 0; !b.failed && i < json_array_size(tools); i++) {
+        json_t *f = json_object_get(json_array_get(tools, i), "function");
+        const char *name = json_string_value(json_object_get(f, "name"));
+        if (!name) {
+            cgb_fail(&b, "tools[%zu]: no function name", i);
+            break;
+        }
+        if (only && strcmp(only, name)) continue;
+        if (strchr(name, '>') || strchr(name, '\n') || strlen(name) > 256) {
+            cgb_fail(&b, "tools[%zu].function.name: '%.60s' holds '>' or a newline, or is too long", i, name);
+            break;
+        }
+        json_t *params = json_object_get(f, "parameters");
+        s.doc = params;
+        snprintf(s.path, sizeof s.path, "tools[%zu].function.parameters", i);
+        s.plen = strlen(s.path);
+        s.depth = 0;
+        cg_ast *c = tool_call_ast(&s, name, params);
+        for (int k = 0; k < s.n_refs; k++) free(s.refs[k].ref);
+        s.n_refs = 0;
+        if (c) astv_push(&calls, c);
+    }
+    if (!b.failed && !calls.n) cgb_fail(&b, "tools: no function to call");
+    if (!b.failed)
+        cgb_define(&b, root, ast_seq3(&b, ast_str(&b, "<tool_call>\n"), ast_alt(&b, calls.v, calls.n), ast_str(&b, "</tool_call>")));
+    astv_free(&calls);
+    json_decref(doc);
+    s.doc = NULL;
+    lilac_grammar *g = b.failed ? NULL : cg_compile(&b, root);
+    free(s.refs);
+    cgb_free(&b);
+    return g;
+}

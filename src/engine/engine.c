@@ -23,6 +23,7 @@ eng_job *eng_job_new(void) {
     atomic_init(&j->cancel, 0);
     lilac_sampling_default(&j->samp);
     j->cache_prompt = true;
+    j->constrain_after = -1;
     j->max_tokens = 16;
     sb_put(&j->text, "", 0);
     return j;
@@ -36,6 +37,9 @@ void eng_job_unref(eng_job *j) {
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     free(j->stops);
     free(j->forced);
+    lilac_matcher_free(j->matcher);
+    free(j->bias_ids);
+    free(j->bias_vals);
     sb_free(&j->text);
     free(j->toks);
     pthread_mutex_destroy(&j->mu);
@@ -79,6 +83,9 @@ typedef struct {
     int32_t next;  /* sampled id still to be fed */
     int32_t tail;  /* idle: the last id handed out, to be consumed (then a turn-end snapshot), or -1 */
     bool dev;      /* the job's tokens are sampled in the backend (its sampler state is in the session) */
+    bool cons;     /* the job's constraint applies to the next token */
+    uint64_t *mask; /* its allowed-token bitset (mask_words words) */
+    size_t mask_words;
     lilac_sampler samp;
     lilac_detok *dt;
     double last_used;
@@ -93,6 +100,7 @@ struct lilac_engine {
     int q_head, q_n;
     slot *slots;
     float *logits;  /* [n_slots, vocab] */
+    float *clog;    /* [vocab]: one row's logits with its bias and mask applied */
     lilac_session **bss; /* batch scratch: rows sampled here (bss, bids), rows sampled in the backend */
     int32_t *bids;
     lilac_session **dss;
@@ -288,7 +296,9 @@ static void start_job(lilac_engine *e, slot *sl, eng_job *j) {
      * logits here (logprobs), forces its tokens, or the backend has no sampler. */
     const lilac_backend *be = e->cfg.be;
     sl->dev = false;
-    if (be->sample_begin && be->forward_sample && be->forward_batch_sample && !j->logprobs && !j->forced) {
+    sl->cons = j->matcher && j->constrain_after < 0;
+    if (be->sample_begin && be->forward_sample && be->forward_batch_sample && !j->logprobs && !j->forced &&
+        (be->sample_constrain || (!j->matcher && !j->n_bias))) {
         lilac_err serr = {{0}};
         sl->dev = be->sample_begin(sl->s, &j->samp, j->prompt, j->n_prompt, &serr) == 0; /* else the host sampler */
     }
@@ -318,6 +328,66 @@ static int pick_slot(lilac_engine *e, const eng_job *j) {
     return best;
 }
 
+/* ---- structured output and logit_bias ---------------------------------------------------- */
+
+/* The slot's job's allowed tokens for its next draw into sl->mask, over the
+ * model's vocabulary (ids past the tokenizer's are refused). False when the
+ * constraint allows nothing. */
+static bool fill_mask(lilac_engine *e, slot *sl) {
+    const int64_t V = e->cfg.model->cfg.vocab;
+    const size_t mw = lilac_matcher_mask_words(sl->job->matcher), vw = (size_t)(V + 63) / 64;
+    const size_t w = mw > vw ? mw : vw;
+    if (sl->mask_words < w) sl->mask = xrealloc(sl->mask, w * sizeof(uint64_t)), sl->mask_words = w;
+    memset(sl->mask, 0, w * sizeof(uint64_t));
+    lilac_matcher_fill_mask(sl->job->matcher, sl->mask);
+    if (V % 64) sl->mask[vw - 1] &= (1ull << (V % 64)) - 1;
+    uint64_t any = 0;
+    for (size_t i = 0; i < vw; i++) any |= sl->mask[i];
+    return any != 0;
+}
+
+static const char NOTHING_ALLOWED[] = "structured output: the constraint allows no token of the vocabulary here";
+
+/* The next token of a row sampled here, from its logits `lg`: logit_bias and
+ * the constraint's mask are applied to a copy first. -1 + *why when the
+ * constraint allows nothing. */
+static int32_t host_pick(lilac_engine *e, slot *sl, const float *lg, const char **why) {
+    eng_job *j = sl->job;
+    if (!j->n_bias && !sl->cons) return lilac_sample(&sl->samp, &j->samp, lg);
+    const int64_t V = e->cfg.model->cfg.vocab;
+    memcpy(e->clog, lg, sizeof(float) * (size_t)V);
+    for (int i = 0; i < j->n_bias; i++)
+        if (j->bias_ids[i] < V) e->clog[j->bias_ids[i]] += j->bias_vals[i];
+    if (sl->cons) {
+        if (!fill_mask(e, sl)) {
+            *why = NOTHING_ALLOWED;
+            return -1;
+        }
+        lilac_mask_apply(sl->mask, e->clog, (int32_t)V);
+    }
+    return lilac_sample(&sl->samp, &j->samp, e->clog);
+}
+
+/* A row sampled in the backend: hand it the constraint's mask for its next
+ * draw and the job's logit_bias. 0, or -1 + *why (the job must end). */
+static int dev_constrain(lilac_engine *e, slot *sl, const char **why, lilac_err *err) {
+    eng_job *j = sl->job;
+    if (!j->matcher && !j->n_bias) return 0;
+    if (sl->cons && !fill_mask(e, sl)) {
+        *why = NOTHING_ALLOWED;
+        return -1;
+    }
+    if (e->cfg.be->sample_constrain(sl->s, sl->cons ? sl->mask : NULL, j->bias_ids, j->bias_vals, j->n_bias, err) < 0) {
+        *why = err->msg;
+        return -1;
+    }
+    return 0;
+}
+
+/* Advance the job's constraint by `tok`; false (the job ended with an error)
+ * when the grammar refuses it or is too ambiguous to follow. */
+static bool constraint_accept(lilac_engine *e, slot *sl, int32_t tok);
+
 /* A token was chosen (from `logits`, or in the backend: NULL): record it and
  * decide whether to go on. */
 static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
@@ -328,11 +398,12 @@ static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
         lilac_logprobs(logits, e->cfg.model->cfg.vocab, tok, ti.n_top, &ti.lp, ti.top_id, ti.top_lp);
     }
     if (!sl->dev) lilac_sampler_accept(&sl->samp, tok); /* else the backend has recorded it */
+    if (j->matcher && !constraint_accept(e, sl, tok)) return;
     double now = lilac_now();
     pthread_mutex_lock(&e->mu);
     e->st.gen_tokens++;
     pthread_mutex_unlock(&e->mu);
-    if (is_eos(e, tok) && !j->ignore_eos) {
+    if (is_eos(e, tok) && (!j->ignore_eos || (sl->cons && lilac_matcher_is_done(j->matcher)))) {
         pthread_mutex_lock(&j->mu);
         j->n_gen++;
         if (!j->t_first) j->t_first = now;
@@ -359,6 +430,21 @@ static void emit(lilac_engine *e, slot *sl, int32_t tok, const float *logits) {
     else sl->next = tok;
 }
 
+static bool constraint_accept(lilac_engine *e, slot *sl, int32_t tok) {
+    eng_job *j = sl->job;
+    if (!sl->cons) {
+        if (tok == j->constrain_after) sl->cons = true; /* the answer starts after the reasoning */
+        return true;
+    }
+    int rc = lilac_matcher_accept(j->matcher, tok);
+    if (!rc) return true;
+    finish(e, sl, "error",
+           rc == -2 ? "structured output: the grammar is too ambiguous to follow here (over 1024 parses alive at once); "
+                      "simplify the schema or grammar"
+                    : "structured output: a token the constraint does not allow was chosen");
+    return false;
+}
+
 static void fail_slot(lilac_engine *e, slot *sl, const char *msg) {
     slot_reset(e, sl);
     if (sl->job) finish(e, sl, "error", msg);
@@ -383,6 +469,11 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     bool last = sl->pos + n == j->n_prompt;
     const bool dev = last && sl->dev; /* the first token is sampled in the backend */
     int32_t tok = -1;
+    const char *why = NULL;
+    if (dev && dev_constrain(e, sl, &why, &err) < 0) {
+        finish(e, sl, "error", why);
+        return;
+    }
     double t0 = lilac_now();
     if ((dev ? be->forward_sample(sl->s, j->prompt + sl->pos, n, &tok, &err)
              : be->forward(sl->s, j->prompt + sl->pos, n, last ? LOGITS_LAST : LOGITS_NONE, e->logits, &err)) < 0) {
@@ -399,7 +490,11 @@ static void prefill_step(lilac_engine *e, slot *sl) {
     if (boundary || last) take_snapshot(e, sl);
     if (!last) return;
     if (j->forced) tok = j->n_forced > 0 ? j->forced[0] : -1;
-    else if (!dev) tok = lilac_sample(&sl->samp, &j->samp, e->logits);
+    else if (!dev) tok = host_pick(e, sl, e->logits, &why);
+    if (why) {
+        finish(e, sl, "error", why);
+        return;
+    }
     if (tok < 0) {
         finish(e, sl, "stop", NULL);
         return;
@@ -427,6 +522,12 @@ static void decode_step(lilac_engine *e) {
         int32_t id = sl->job ? sl->next : sl->tail;
         if (id < 0) continue;
         if (sl->job && sl->dev) {
+            const char *why = NULL;
+            lilac_err cerr = {{0}};
+            if (dev_constrain(e, sl, &why, &cerr) < 0) {
+                finish(e, sl, "error", why);
+                continue;
+            }
             e->dss[nd] = sl->s;
             e->dids[nd] = id;
             e->brow[n] = nd++;
@@ -474,9 +575,11 @@ static void decode_step(lilac_engine *e) {
         }
         const float *lg = e->logits + (int64_t)e->brow[r] * V;
         int32_t tok;
+        const char *why = NULL;
         if (j->forced) tok = j->forced[j->n_gen]; /* only the worker writes n_gen */
-        else tok = lilac_sample(&sl->samp, &j->samp, lg);
-        emit(e, sl, tok, lg);
+        else tok = host_pick(e, sl, lg, &why);
+        if (why) finish(e, sl, "error", why);
+        else emit(e, sl, tok, lg);
     }
 }
 
@@ -578,6 +681,7 @@ lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
     e->q = xcalloc((size_t)cfg->queue_max, sizeof(eng_job *));
     e->slots = xcalloc((size_t)cfg->n_slots, sizeof(slot));
     e->logits = xcalloc((size_t)cfg->n_slots * (size_t)cfg->model->cfg.vocab, sizeof(float));
+    e->clog = xcalloc((size_t)cfg->model->cfg.vocab, sizeof(float));
     e->bss = xcalloc((size_t)cfg->n_slots, sizeof(lilac_session *));
     e->bids = xcalloc((size_t)cfg->n_slots, sizeof(int32_t));
     e->dss = xcalloc((size_t)cfg->n_slots, sizeof(lilac_session *));
@@ -592,6 +696,7 @@ lilac_engine *eng_new(const eng_config *cfg, lilac_err *err) {
         free(e->q);
         free(e->slots);
         free(e->logits);
+        free(e->clog);
         free(e->bss);
         free(e->bids);
         free(e->dss);
@@ -638,12 +743,14 @@ void eng_free(lilac_engine *e) {
         free(sl->snaps);
         if (sl->s) e->cfg.be->session_free(sl->s);
         free(sl->hist);
+        free(sl->mask);
         if (sl->samp.vocab) lilac_sampler_free(&sl->samp);
         lilac_detok_free(sl->dt);
     }
     free(e->slots);
     free(e->q);
     free(e->logits);
+    free(e->clog);
     free(e->bss);
     free(e->bids);
     free(e->dss);

@@ -17,7 +17,10 @@
  * the backend when it has a sampler (sample_begin / forward_sample /
  * forward_batch_sample: only token ids leave the device), else, and for jobs
  * that need the logits themselves (logprobs) or force their tokens, on the host
- * with lilac_sample; one round may then make one call of each kind.
+ * with lilac_sample; one round may then make one call of each kind. Rows with a
+ * constraint or a logit_bias are sampled on the host too unless the backend
+ * takes a mask and biases (sample_constrain): then only those rows upload one
+ * bitset per step.
  *
  * Prefix reuse: a slot keeps the ids its session has consumed (its
  * conversation state) and snapshots of the recurrent state (GDN state + conv
@@ -43,6 +46,7 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
+#include "../constrain/constrain.h"
 #include "../model/sampler.h"
 #include "../tokenizer/tokenizer.h"
 #include "../util/sbuf.h"
@@ -73,6 +77,14 @@ typedef struct eng_job {
     bool cache_prompt;      /* allow prefix reuse (default true) */
     int32_t *forced;        /* test hook: emit these ids instead of sampling */
     int n_forced;
+    /* structured output: the matcher's mask limits the draw (disallowed logits
+     * -inf before penalties, temperature, top-k/p), and each drawn token
+     * advances it; end ids are allowed only where the grammar may end */
+    lilac_matcher *matcher; /* owned; NULL: unconstrained */
+    int32_t constrain_after; /* the constraint starts after this id (</think>); -1: from the first token */
+    int32_t *bias_ids;      /* logit_bias: added to the logits before sampling (owned) */
+    float *bias_vals;
+    int n_bias;
     /* ---- output: under mu ---- */
     pthread_mutex_t mu;
     pthread_cond_t cv;      /* broadcast on every change (CLOCK_MONOTONIC) */

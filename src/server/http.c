@@ -33,6 +33,7 @@
 #include "../util/sbuf.h"
 #include "responses.h"
 #include "server.h"
+#include "structured.h"
 
 struct srv {
     srv_options o;
@@ -521,6 +522,8 @@ static int prepare(srv *S, const char *body, size_t len, int api, gen_req *g, sr
                        r->model);
     lilac_err err = {{0}};
     long ctx = (long)S->b.max_seq;
+    srv_constraint cons;
+    if (srv_constraint_build(r, S->b.tok, S->b.model, &cons, e) < 0) return -1;
     g->n_prompts = kind == REQ_CHAT ? 1 : r->n_prompts;
     g->jobs = xcalloc((size_t)(g->n_prompts * r->best_of), sizeof(eng_job *));
     if (r->echo) {
@@ -556,6 +559,7 @@ static int prepare(srv *S, const char *body, size_t len, int api, gen_req *g, sr
         }
         for (int k = 0; !rc && k < r->best_of; k++) {
             eng_job *j = g->jobs[g->n_jobs++] = make_job(S, r, &ids, k, ctx);
+            if ((rc = srv_constraint_job(&cons, r, S->b.tok, S->b.model, j, e)) < 0) break;
             if (S->o.test_hooks && r->forced) {
                 lilac_ids f = {0};
                 if (lilac_tok_encode(S->b.tok, r->forced, r->forced_len, LILAC_TOK_SPECIAL, &f, &err) < 0) {
@@ -568,8 +572,12 @@ static int prepare(srv *S, const char *body, size_t len, int api, gen_req *g, sr
             }
         }
         lilac_ids_free(&ids);
-        if (rc) return -1;
+        if (rc) {
+            srv_constraint_free(&cons);
+            return -1;
+        }
     }
+    srv_constraint_free(&cons);
     return 0;
 }
 

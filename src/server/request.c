@@ -1,6 +1,7 @@
 /* request.c — see request.h. */
 #include "request.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,9 +10,11 @@
 #include <strings.h>
 
 #include "../chat/content_part.h"
+#include "../constrain/constrain.h"
 #include "../util/common.h"
 
 #define MAX_STOPS 16
+#define MAX_BIAS 4096 /* logit_bias entries */
 #define MAX_STOP_LEN 2000
 
 int srv_err(srv_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
@@ -255,9 +258,130 @@ static int parse_tools(srv_request *r, srv_error *e) {
                 found |= !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(r->tools, i), "function"), "name")), name);
             if (!found) return srv_bad(e, "tool_choice", "tool_choice names '%.60s', which is not in 'tools'", name);
             r->tool_choice = TOOLS_NAMED;
+            r->tool_name = name;
         } else return srv_bad(e, "tool_choice", "'tool_choice' must be a string or an object");
     }
     if (r->tool_choice == TOOLS_NONE) r->tools = NULL;
+    if ((r->tool_choice == TOOLS_REQUIRED || r->tool_choice == TOOLS_NAMED) && r->grammar_kind >= 0)
+        return srv_bad(e, "tool_choice", "a forced tool call and '%s' both constrain the output; give only one",
+                       r->grammar_param);
+    return 0;
+}
+
+/* ---- structured output ---------------------------------------------------------- */
+
+/* One constraint on the answer from field `param`: `v` as text (a string) or
+ * dumped (a JSON value). Two constraints in one request are refused. */
+static int set_grammar(srv_request *r, int kind, const char *param, const json_t *v, srv_error *e) {
+    if (r->grammar_kind >= 0)
+        return srv_bad(e, param, "'%s' and '%s' both constrain the output; give only one", r->grammar_param, param);
+    r->grammar_kind = kind;
+    snprintf(r->grammar_param, sizeof r->grammar_param, "%s", param);
+    if (json_is_string(v)) {
+        r->grammar_len = json_string_length(v);
+        r->grammar = xmalloc(r->grammar_len + 1);
+        memcpy(r->grammar, json_string_value(v), r->grammar_len + 1);
+    } else {
+        r->grammar = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+        if (!r->grammar) return srv_bad(e, param, "'%s' cannot be serialised", param);
+        r->grammar_len = strlen(r->grammar);
+    }
+    return 0;
+}
+
+/* response_format (OpenAI), guided_* and structured_outputs (vLLM), grammar
+ * and json_schema (llama.cpp). Compiled later (srv_structured.c), where a bad
+ * schema or grammar gets its 400 with the construct's path. */
+static int parse_structured(srv_request *r, srv_error *e) {
+    const json_t *root = r->root, *v;
+    r->grammar_kind = -1;
+    if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) {
+        const char *t = json_string_value(json_object_get(v, "type"));
+        if (!json_is_object(v) || !t) return srv_bad(e, "response_format", "'response_format' must be {\"type\": ...}");
+        if (!strcmp(t, "json_object")) {
+            json_t *any = json_pack("{s:s}", "type", "object");
+            int rc = set_grammar(r, LILAC_GRAMMAR_SCHEMA, "response_format", any, e);
+            json_decref(any);
+            if (rc < 0) return -1;
+        } else if (!strcmp(t, "json_schema")) {
+            const json_t *js = json_object_get(v, "json_schema");
+            const json_t *sc = json_object_get(js, "schema");
+            if (!json_is_object(js)) return srv_bad(e, "response_format", "'response_format.json_schema' must be an object");
+            if (!sc || json_is_null(sc)) sc = json_object_get(js, "json_schema"); /* some clients nest it once more */
+            if (!json_is_object(sc) && !json_is_boolean(sc))
+                return srv_bad(e, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
+            if (set_grammar(r, LILAC_GRAMMAR_SCHEMA, "response_format", sc, e) < 0) return -1;
+        } else if (strcmp(t, "text"))
+            return srv_err(e, 400, "invalid_request_error", "response_format", "unsupported_value",
+                           "response_format type \"%.40s\" is not supported; use text, json_object or json_schema", t);
+    }
+    static const struct {
+        const char *key;
+        int kind;
+        int shape; /* 0: string, 1: schema (object, boolean or JSON text), 2: array of strings */
+    } F[] = {
+        {"guided_json", LILAC_GRAMMAR_SCHEMA, 1},   {"guided_regex", LILAC_GRAMMAR_REGEX, 0},
+        {"guided_choice", LILAC_GRAMMAR_CHOICE, 2}, {"guided_grammar", LILAC_GRAMMAR_GBNF, 0},
+        {"json_schema", LILAC_GRAMMAR_SCHEMA, 1},   {"grammar", LILAC_GRAMMAR_GBNF, 0},
+    };
+    const json_t *so = json_object_get(root, "structured_outputs"); /* vLLM's newer spelling: {"json": ...} */
+    if (so && !json_is_null(so) && !json_is_object(so))
+        return srv_bad(e, "structured_outputs", "'structured_outputs' must be an object");
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < sizeof F / sizeof *F; i++) {
+            const char *key = F[i].key;
+            char param[40];
+            if (pass) { /* structured_outputs.{json, regex, choice, grammar} */
+                if (!so || i >= 4) continue;
+                key = F[i].key + 7;
+                snprintf(param, sizeof param, "structured_outputs.%s", key);
+                v = json_object_get(so, key);
+            } else {
+                snprintf(param, sizeof param, "%s", key);
+                v = json_object_get(root, key);
+            }
+            if (!v || json_is_null(v)) continue;
+            if (F[i].shape == 0 && !json_is_string(v)) return srv_bad(e, param, "'%s' must be a string", param);
+            if (F[i].shape == 1 && !json_is_object(v) && !json_is_boolean(v) && !json_is_string(v))
+                return srv_bad(e, param, "'%s' must be a JSON Schema (an object, or its text)", param);
+            if (F[i].shape == 2) {
+                if (!json_is_array(v) || !json_array_size(v))
+                    return srv_bad(e, param, "'%s' must be a non-empty array of strings", param);
+                for (size_t k = 0; k < json_array_size(v); k++)
+                    if (!json_is_string(json_array_get(v, k)))
+                        return srv_bad(e, param, "'%s[%zu]' must be a string", param, k);
+            }
+            if (set_grammar(r, F[i].kind, param, v, e) < 0) return -1;
+        }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]} (OpenAI's range). The ids are
+ * checked against the vocabulary when the job is made. */
+static int parse_logit_bias(srv_request *r, srv_error *e) {
+    const json_t *v = json_object_get(r->root, "logit_bias");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return srv_bad(e, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+    size_t n = json_object_size(v);
+    if (n > MAX_BIAS) return srv_bad(e, "logit_bias", "'logit_bias' has %zu entries; at most %d are allowed", n, MAX_BIAS);
+    r->bias_ids = xcalloc(n + 1, sizeof(int32_t));
+    r->bias_vals = xcalloc(n + 1, sizeof(float));
+    const char *k;
+    const json_t *x;
+    json_object_foreach((json_t *)v, k, x) {
+        char *end;
+        errno = 0;
+        long id = strtol(k, &end, 10);
+        if (!*k || *end || errno || id < 0 || id > INT32_MAX)
+            return srv_bad(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id", k);
+        if (!json_is_number(x))
+            return srv_bad(e, "logit_bias", "'logit_bias[\"%.40s\"]' must be a number, not %s", k, type_name(x));
+        double b = json_number_value(x);
+        if (!(b >= -100 && b <= 100))
+            return srv_bad(e, "logit_bias", "'logit_bias[\"%.40s\"]' must be between -100 and 100, got %g", k, b);
+        r->bias_ids[r->n_bias] = (int32_t)id;
+        r->bias_vals[r->n_bias++] = (float)b;
+    }
     return 0;
 }
 
@@ -366,13 +490,7 @@ static int parse_fields(srv_request *r, srv_error *e) {
     }
     if (r->best_of > r->n && r->stream)
         return srv_bad(e, "best_of", "'best_of' greater than 'n' cannot be streamed: the best choices are known only at the end");
-    if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) {
-        const char *t = json_string_value(json_object_get(v, "type"));
-        if (!json_is_object(v) || !t) return srv_bad(e, "response_format", "'response_format' must be {\"type\": ...}");
-        if (strcmp(t, "text"))
-            return srv_err(e, 400, "invalid_request_error", "response_format", "unsupported_value",
-                           "response_format \"%.40s\" is not supported (no constrained decoding yet); only \"text\"", t);
-    }
+    if (parse_structured(r, e) < 0 || parse_logit_bias(r, e) < 0) return -1;
     if (r->kind == REQ_CHAT) {
         if (get_bool(root, "logprobs", &r->logprobs, e) < 0) return -1;
         if ((g = get_int(root, "top_logprobs", 0, 20, &x, e)) < 0) return -1;
@@ -420,6 +538,7 @@ static int parse_fields(srv_request *r, srv_error *e) {
 int srv_parse_request_json(json_t *root, req_kind kind, srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
+    r->grammar_kind = -1;
     lilac_sampling_default(&r->samp);
     r->enable_thinking = true;
     r->cache_prompt = true;
@@ -444,6 +563,9 @@ int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *
 }
 
 void srv_request_free(srv_request *r) {
+    free(r->grammar);
+    free(r->bias_ids);
+    free(r->bias_vals);
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
     for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);

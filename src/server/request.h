@@ -68,6 +68,15 @@ typedef struct {
     int top_logprobs;
     bool enable_thinking, preserve_thinking;
     bool ignore_eos, cache_prompt;
+    /* structured output: at most one constraint on the answer */
+    int grammar_kind;        /* LILAC_GRAMMAR_* (constrain.h), -1: none; forced tool calls are built later */
+    char *grammar;           /* its text (owned): a schema, GBNF, regex or JSON array of choices */
+    size_t grammar_len;
+    char grammar_param[40];  /* the field that gave it, for errors */
+    const char *tool_name;   /* TOOLS_NAMED: the function (borrowed from root) */
+    int32_t *bias_ids;       /* logit_bias (owned) */
+    float *bias_vals;
+    int n_bias;
     const char *forced;      /* "lilac_forced_output" (honoured only with --test-hooks) */
     size_t forced_len;
 } srv_request;

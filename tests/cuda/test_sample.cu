@@ -6,7 +6,11 @@
 // same seed on both sides. Requires identical tokens on >= 99.9% of the random
 // draws (a float summation order may flip a near-tie, rarely) and on every greedy
 // draw, which must also be the argmax; device results must be deterministic and
-// free of internal errors. Also prints the device time per token at 248,320.
+// free of internal errors. Episodes with structured output add a logit_bias and a
+// per-step mask of allowed ids (dense, sparse, a few ids) on both sides: the
+// device's cuda_sampler_constrain against the bias added and disallowed ids set to
+// -inf on the host, then lilac_sample.
+// Also prints the device time per token at 248,320.
 //
 //   build/cuda-tests/test_sample [--quick] [--vocab N]...   (on a GPU; exit 0 = PASS)
 // Without a GPU: tests/cuda/emu/cuda_runtime.h runs it on the CPU (see there).
@@ -123,7 +127,7 @@ static const pset PS[] = {
 enum { NPS = sizeof PS / sizeof PS[0] };
 static bool is_greedy(const pset &p) { return p.T <= 0 || p.top_k == 1; }
 
-static long draws, agree, gdraws, gagree, argmax_bad, errors, nondet;
+static long draws, agree, gdraws, gagree, argmax_bad, errors, nondet, masked_out, cdraws, cagree;
 
 static int32_t first_argmax(const float *x, int V) { // NaN as -inf, as the sampler
     int b = 0;
@@ -138,7 +142,8 @@ static int32_t first_argmax(const float *x, int V) { // NaN as -inf, as the samp
 // One episode: begin both samplers, then `steps` draws from fresh logits each.
 // Returns the device tokens (for the determinism check).
 static std::vector<int32_t> episode(cuda_sampler *ds, lilac_sampler *hs, int V, int d, const pset &ps, int cap,
-                                    uint64_t seed, int steps, float *h, float *dl, cudaStream_t st, bool compare) {
+                                    uint64_t seed, int steps, float *h, float *dl, cudaStream_t st, bool compare,
+                                    bool cons = false) {
     lilac_err err = {{0}};
     lilac_sampling p;
     lilac_sampling_default(&p);
@@ -162,9 +167,39 @@ static std::vector<int32_t> episode(cuda_sampler *ds, lilac_sampler *hs, int V, 
         return {};
     }
     std::vector<int32_t> out;
+    // structured output: a bias on a few ids for the episode, a fresh mask each step
+    const size_t words = ((size_t)V + 63) / 64;
+    std::vector<uint64_t> mask(words);
+    std::vector<int32_t> bids;
+    std::vector<float> bvals;
+    std::vector<float> hb(cons ? (size_t)V : 0);
+    for (int k = 0; cons && k < 4; k++) {
+        bids.push_back((int32_t)r.below(V));
+        bvals.push_back(k == 0 && r.below(4) == 0 ? 100.0f : (float)((int)r.below(17) - 8));
+    }
     for (int s = 0; s < steps; s++) {
         gen(d, V, r, h);
         CK(cudaMemcpy(dl, h, sizeof(float) * (size_t)V, cudaMemcpyHostToDevice));
+        if (cons) {
+            const int kind = s % 3; // ~half the ids, ~2%, or 1..3 ids
+            std::fill(mask.begin(), mask.end(), 0);
+            for (int i = 0; i < V; i++)
+                if (kind == 0 ? r.below(2) == 0 : kind == 1 ? r.below(50) == 0 : false) mask[i >> 6] |= 1ull << (i & 63);
+            for (int k = 0, n = kind == 2 ? 1 + (int)r.below(3) : 1; k < n; k++) {
+                const int32_t i = (int32_t)r.below(V);
+                mask[i >> 6] |= 1ull << (i & 63);
+            }
+            if (cuda_sampler_constrain(ds, mask.data(), bids.data(), bvals.data(), (int)bids.size(), st, &err) < 0) {
+                fprintf(stderr, "  constrain: %s\n", err.msg);
+                errors++;
+                break;
+            }
+            // the host side, as the engine's host path: bias, then the mask
+            memcpy(hb.data(), h, sizeof(float) * (size_t)V);
+            for (size_t k = 0; k < bids.size(); k++) hb[bids[k]] += bvals[k];
+            for (int i = 0; i < V; i++)
+                if (!(mask[i >> 6] >> (i & 63) & 1)) hb[i] = -INFINITY;
+        }
         if (cuda_sampler_launch(ds, dl, st, &err) < 0) {
             fprintf(stderr, "  launch: %s\n", err.msg);
             errors++;
@@ -179,17 +214,25 @@ static std::vector<int32_t> episode(cuda_sampler *ds, lilac_sampler *hs, int V, 
         }
         out.push_back(td);
         if (!compare) continue;
-        const int32_t th = lilac_sample(hs, &p, h);
+        const float *hl = cons ? hb.data() : h; // the logits the host samples from
+        const int32_t th = lilac_sample(hs, &p, hl);
         lilac_sampler_accept(hs, th);
+        bool any = false; // an allowed id with a logit above -inf (else there is nothing to draw from)
+        for (int i = 0; cons && i < V && !any; i++) any = (mask[i >> 6] >> (i & 63) & 1) && hl[i] > -INFINITY;
+        if (cons && any && !(mask[td >> 6] >> (td & 63) & 1)) {
+            masked_out++;
+            fprintf(stderr, "  V=%d %s %s: device drew %d, outside the mask\n", V, dname[d], ps.name, td);
+        }
         const bool g = is_greedy(ps);
         (g ? gdraws : draws)++;
         if (td == th) (g ? gagree : agree)++;
-        if (g && ps.pres == 0 && ps.freq == 0 && ps.rep == 1.0f && td != first_argmax(h, V)) argmax_bad++;
+        if (cons) cdraws++, cagree += td == th;
+        if (g && ps.pres == 0 && ps.freq == 0 && ps.rep == 1.0f && td != first_argmax(hl, V)) argmax_bad++;
         if (td != th) {
             static int shown;
             if (shown++ < 12)
                 fprintf(stderr, "  mismatch: V=%d %s %s cap=%d seed %llu step %d: device %d (logit %g) host %d (logit %g)\n",
-                        V, dname[d], ps.name, cap, (unsigned long long)seed, s, td, h[td], th, h[th]);
+                        V, dname[d], ps.name, cap, (unsigned long long)seed, s, td, hl[td], th, hl[th]);
             break; // the penalty states differ from here on
         }
     }
@@ -236,6 +279,11 @@ int main(int argc, char **argv) {
                     // the default capacity mostly; small ones force the radix fallback
                     const int cap = e == 0 ? caps[0] : caps[pick.below(4)];
                     episode(ds, &hs, V, d, PS[pi], cap, pick.next(), steps, h, dl, st, true);
+                }
+                // with a mask and a logit_bias
+                if (!quick || pick.below(2) == 0) {
+                    episode(ds, &hs, V, d, PS[pi], caps[pick.below(4)], pick.next(), steps < 9 ? steps : 9, h, dl, st,
+                            true, true);
                 }
             }
         // Determinism: the same episode twice on the device.
@@ -287,10 +335,11 @@ int main(int argc, char **argv) {
         cuda_sampler_free(ds);
     }
     const double rate = draws ? (double)agree / draws : 1.0;
-    const bool ok = rate >= 0.999 && gagree == gdraws && argmax_bad == 0 && errors == 0 && nondet == 0 && draws > 0;
+    const bool ok = rate >= 0.999 && gagree == gdraws && argmax_bad == 0 && errors == 0 && nondet == 0 && draws > 0 &&
+                    masked_out == 0 && cdraws > 0;
     printf("random draws: %ld/%ld identical (%.4f%%); greedy: %ld/%ld identical, %ld not the argmax; "
-           "%ld internal errors; %ld nondeterministic episodes\n",
-           agree, draws, 100.0 * rate, gagree, gdraws, argmax_bad, errors, nondet);
+           "%ld internal errors; %ld nondeterministic episodes; %ld/%ld draws with a mask and bias identical, %ld outside the mask\n",
+           agree, draws, 100.0 * rate, gagree, gdraws, argmax_bad, errors, nondet, cagree, cdraws, masked_out);
     printf("%s\n", ok ? "PASS" : "FAIL");
     printf("%d passed, %d failed\n", ok ? 1 : 0, ok ? 0 : 1);
     return ok ? 0 : 1;

@@ -115,7 +115,7 @@ def body_cases():
         "stream_options": ["x", 1, [], {"include_usage": "yes"}],
         "logprobs": ["x", 1, []],
         "top_logprobs": [-1, 21, "x", 1.5],
-        "response_format": ["x", 1, {}, {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "a"}},
+        "response_format": ["x", 1, {}, {"type": "yaml"}, {"type": "json_schema", "json_schema": {"name": "a"}},
                             {"type": 5}],
         "tools": ["x", 1, {}, [1], [{}], [{"type": "function"}], [{"type": "function", "function": {"name": 5}}],
                   [{"type": "retrieval", "function": {"name": "f"}}],

@@ -336,7 +336,7 @@ def test_error_n(client):
 
 def test_error_response_format(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=USER, response_format={"type": "json_object"})
+        client.chat.completions.create(model="m", messages=USER, response_format={"type": "yaml"})
     assert "response_format" in str(e.value)
 
 

@@ -96,6 +96,7 @@ extern "C" const lilac_backend lilac_backend_cuda = {
     nullptr, // route_regret
     2,       // kv_bytes: bf16
     cuda_set_attn_bf16,
+    cuda_sample_constrain,
 };
 
 // ---------------------------------------------------------------- measurements for bench

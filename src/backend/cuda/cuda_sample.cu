@@ -50,6 +50,8 @@ struct smp_params {
     int top_k;
     int cap;        // elements sorted at once (<= SMP_CAP)
     double fscale;  // 2^F: fixed-point scale of the masses
+    int use_bias;   // add bias[] to the logits first
+    int use_mask;   // then logits of ids whose mask bit is clear are -inf
 };
 
 struct smp_part {
@@ -72,6 +74,8 @@ struct smp_args {
     u64 *hmass;             // [SMP_NB]
     unsigned *misc;         // [0]: candidates with e > min_p, [1]: e == min_p
     int *res;               // host-mapped: [0] token, [1] error code (0: none)
+    const u64 *mask;        // [ceil(V/64)] allowed ids (structured output)
+    const float *bias;      // [V] logit_bias
 };
 
 // ---------------------------------------------------------------- small helpers
@@ -192,6 +196,9 @@ __global__ void __launch_bounds__(SMP_T12) smp_k1(smp_args a) {
     int imax = INT_MAX;
     for (int i = lo + t; i < hi; i += blockDim.x) {
         float v = a.logits[i];
+        // as the engine's host path: bias added, disallowed ids -inf, then the penalties
+        if (p.use_bias) v = __fadd_rn(v, a.bias[i]);
+        if (p.use_mask && !((a.mask[i >> 6] >> (i & 63)) & 1)) v = -INFINITY;
         if (rep && a.seen[i]) v = v > 0 ? __fdiv_rn(v, p.repetition) : __fmul_rn(v, p.repetition);
         if (pf && a.counts[i]) v = __fsub_rn(v, __fadd_rn(p.presence, __fmul_rn(p.frequency, (float)a.counts[i])));
         if (isnan(v)) v = -INFINITY;
@@ -666,6 +673,10 @@ struct cuda_sampler {
     u64 *hmass;
     int *res_h, *res_d;     // host-mapped result
     unsigned char *h_seen;  // staging for the prompt's seen flags
+    u64 *mask;              // [words] device mask
+    float *bias, *h_bias;   // [V] device logit_bias and its host staging
+    const int32_t *bias_src; // the ids last uploaded (with bias_n): unchanged ones are not sent again
+    int bias_n;
 };
 
 #define SCK(call)                                                                                              \
@@ -678,11 +689,12 @@ struct cuda_sampler {
 
 void cuda_sampler_free(cuda_sampler *c) {
     if (!c) return;
-    void *dev[] = {c->par, c->rng, c->counts, c->seen, c->w, c->e, c->bkt, c->part, c->hcnt, c->misc, c->hmass};
+    void *dev[] = {c->par, c->rng, c->counts, c->seen, c->w, c->e, c->bkt, c->part, c->hcnt, c->misc, c->hmass, c->mask, c->bias};
     for (void *q : dev)
         if (q) cudaFree(q);
     if (c->res_h) cudaFreeHost(c->res_h);
     free(c->h_seen);
+    free(c->h_bias);
     delete c;
 }
 
@@ -698,13 +710,15 @@ static int smp_init(cuda_sampler *c, lilac_err *err) {
     if (smp_alloc(&c->par, 1, err) || smp_alloc(&c->rng, 4, err) || smp_alloc(&c->counts, V, err) ||
         smp_alloc(&c->seen, V, err) || smp_alloc(&c->w, V, err) || smp_alloc(&c->e, V, err) ||
         smp_alloc(&c->bkt, V, err) || smp_alloc(&c->part, (size_t)c->G, err) || smp_alloc(&c->hcnt, SMP_NB, err) ||
-        smp_alloc(&c->misc, 2, err) || smp_alloc(&c->hmass, SMP_NB, err))
+        smp_alloc(&c->misc, 2, err) || smp_alloc(&c->hmass, SMP_NB, err) || smp_alloc(&c->mask, (V + 63) / 64, err) ||
+        smp_alloc(&c->bias, V, err))
         return -1;
     SCK(cudaHostAlloc((void **)&c->res_h, 2 * sizeof(int), cudaHostAllocMapped));
     SCK(cudaHostGetDevicePointer((void **)&c->res_d, c->res_h, 0));
     c->res_h[0] = c->res_h[1] = 0;
     c->h_seen = (unsigned char *)malloc(V);
-    if (!c->h_seen) return lilac_fail(err, "CUDA sampler: out of host memory");
+    c->h_bias = (float *)calloc(V, sizeof(float));
+    if (!c->h_seen || !c->h_bias) return lilac_fail(err, "CUDA sampler: out of host memory");
     return 0;
 }
 
@@ -726,7 +740,7 @@ cuda_sampler *cuda_sampler_new(int64_t vocab, lilac_err *err) {
     lilac_sampling d;
     lilac_sampling_default(&d);
     c->hp = smp_params{d.temperature, d.top_p, d.min_p, d.presence_penalty, d.frequency_penalty,
-                       d.repetition_penalty, d.top_k, SMP_CAP, ldexp(1.0, F)};
+                       d.repetition_penalty, d.top_k, SMP_CAP, ldexp(1.0, F), 0, 0};
     if (smp_init(c, err) < 0) {
         cudaGetLastError();
         cuda_sampler_free(c);
@@ -746,6 +760,9 @@ int cuda_sampler_begin(cuda_sampler *c, const lilac_sampling *p, const int32_t *
     c->hp.frequency = p->frequency_penalty;
     c->hp.repetition = p->repetition_penalty;
     c->hp.top_k = p->top_k;
+    c->hp.use_bias = c->hp.use_mask = 0;
+    c->bias_src = nullptr;
+    c->bias_n = 0;
     lilac_rng r;
     lilac_rng_seed(&r, lilac_sampling_seed(p));
     memset(c->h_seen, 0, (size_t)c->V);
@@ -759,9 +776,30 @@ int cuda_sampler_begin(cuda_sampler *c, const lilac_sampling *p, const int32_t *
     return 0;
 }
 
+int cuda_sampler_constrain(cuda_sampler *c, const uint64_t *mask, const int32_t *bias_ids, const float *bias_vals,
+                           int n_bias, cudaStream_t st, lilac_err *err) {
+    const int um = mask != nullptr, ub = n_bias > 0;
+    if (um) SCK(cudaMemcpyAsync(c->mask, mask, sizeof(u64) * (size_t)((c->V + 63) / 64), cudaMemcpyHostToDevice, st));
+    if (ub && (bias_ids != c->bias_src || n_bias != c->bias_n)) {
+        memset(c->h_bias, 0, sizeof(float) * (size_t)c->V);
+        for (int i = 0; i < n_bias; i++)  // repeated ids add up, as on the host
+            if (bias_ids[i] >= 0 && bias_ids[i] < c->V) c->h_bias[bias_ids[i]] += bias_vals[i];
+        SCK(cudaMemcpyAsync(c->bias, c->h_bias, sizeof(float) * (size_t)c->V, cudaMemcpyHostToDevice, st));
+        c->bias_src = bias_ids;
+        c->bias_n = n_bias;
+    }
+    if (um != c->hp.use_mask || ub != c->hp.use_bias) {
+        c->hp.use_mask = um;
+        c->hp.use_bias = ub;
+        SCK(cudaMemcpyAsync(c->par, &c->hp, sizeof c->hp, cudaMemcpyHostToDevice, st));
+    }
+    SCK(cudaStreamSynchronize(st));  // the sources are host memory the caller reuses
+    return 0;
+}
+
 int cuda_sampler_launch(cuda_sampler *c, const float *d_logits, cudaStream_t st, lilac_err *err) {
     smp_args a = {d_logits, (int)c->V, c->G, c->chunk, c->par, c->rng, c->counts, c->seen, c->w, c->e, c->bkt,
-                  c->part, c->hcnt, c->hmass, c->misc, c->res_d};
+                  c->part, c->hcnt, c->hmass, c->misc, c->res_d, c->mask, c->bias};
     void *args[] = {&a};
     SCK(cudaLaunchKernel(smp_k1, dim3((unsigned)c->G), dim3(SMP_T12), args, 0, st));
     SCK(cudaLaunchKernel(smp_k2, dim3((unsigned)c->G), dim3(SMP_T12), args, 0, st));

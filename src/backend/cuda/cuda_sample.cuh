@@ -29,6 +29,14 @@ int cuda_sampler_begin(cuda_sampler *c, const lilac_sampling *p, const int32_t *
 // token is recorded in the state (for the penalties) and written to host-mapped
 // memory: read it with cuda_sampler_result once `st` has completed.
 int cuda_sampler_launch(cuda_sampler *c, const float *d_logits, cudaStream_t st, lilac_err *err);
+// Structured output for the following launches, until the next call or
+// cuda_sampler_begin: logit_bias (n_bias ids and values, added to the logits;
+// none for n_bias 0) and the allowed ids (a bitset of ceil(vocab/64) words,
+// bit i of word i/64 for id i; NULL: all), applied before the penalties as the
+// engine's host path applies them (lilac_mask_apply, then lilac_sample). Runs
+// on `st` and waits for it. 0, or -1 + err.
+int cuda_sampler_constrain(cuda_sampler *c, const uint64_t *mask, const int32_t *bias_ids, const float *bias_vals,
+                           int n_bias, cudaStream_t st, lilac_err *err);
 // The token of the last completed launch, or -1 + err (an internal inconsistency).
 int32_t cuda_sampler_result(cuda_sampler *c, lilac_err *err);
 // Test hook: how many elements the selection kernel sorts in shared memory at

@@ -193,6 +193,12 @@ static int cuda_sample_begin(lilac_session *s, const lilac_sampling *p, const in
     return cuda_sampler_begin(s->smp, p, prompt, n_prompt, s->st, err);
 }
 
+static int cuda_sample_constrain(lilac_session *s, const uint64_t *mask, const int32_t *bias_ids, const float *bias_vals,
+                                 int n_bias, lilac_err *err) {
+    if (!s->smp) return lilac_fail(err, "sample_constrain: no sample_begin on this session");
+    return cuda_sampler_constrain(s->smp, mask, bias_ids, bias_vals, n_bias, s->st, err);
+}
+
 // The prompt through forward() (its last logits stay on the device: no host
 // buffer given), then the sampler on them.
 static int cuda_forward_sample(lilac_session *s, const int32_t *ids, int n, int32_t *tok, lilac_err *err) {
