@@ -484,8 +484,15 @@ static void moe_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
         if (tot > start[e]) used[nused++] = e;
     }
     start[E] = tot;
-    for (int i = 0; i < tot; i++) memcpy(s->moe_x + i * H, s->xn + rows[i] * H, sizeof(float) * (size_t)H);
-    const cpu_qact *qm = quant(&s->qa_moe, s->moe_x, tot, H);
+    /* the f32 rows for the reference, the quantised ones for the fast kernels */
+    if (!qa || !cpu_kernels_take(&ly->exp_gate) || !cpu_kernels_take(&ly->exp_up))
+        for (int i = 0; i < tot; i++) memcpy(s->moe_x + i * H, s->xn + rows[i] * H, sizeof(float) * (size_t)H);
+    cpu_qact *qm = NULL;
+    if (qa) {
+        qm = &s->qa_moe;
+        cpu_qact_reserve(qm, tot, H);
+        for (int i = 0; i < tot; i++) cpu_qact_copy_row(qm, i, qa, rows[i]);
+    }
     for (int u = 0; u < nused; u++) {
         const int e = used[u], o = start[e], n = start[e + 1] - o;
         if (qm) s->moe_view[e] = qview(qm, o, n);

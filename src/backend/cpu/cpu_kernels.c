@@ -78,6 +78,15 @@ void cpu_qact_row(cpu_qact *a, int t, const float *x) {
     }
 }
 
+void cpu_qact_copy_row(cpu_qact *dst, int td, const cpu_qact *src, int ts) {
+    const int64_t c = src->cols, ng = src->ng;
+    int8_t *const d8[6] = {dst->ph, dst->pm, dst->pl, dst->nh, dst->nm, dst->nl};
+    const int8_t *const s8[6] = {src->ph, src->pm, src->pl, src->nh, src->nm, src->nl};
+    for (int k = 0; k < 6; k++) memcpy(d8[k] + (int64_t)td * c, s8[k] + (int64_t)ts * c, (size_t)c);
+    memcpy(dst->dq + (int64_t)td * ng, src->dq + (int64_t)ts * ng, sizeof(float) * (size_t)ng);
+    memcpy(dst->xs + (int64_t)td * ng, src->xs + (int64_t)ts * ng, sizeof(float) * (size_t)ng);
+}
+
 /* ---- scalar set ---------------------------------------------------------- */
 
 static void gemv4_scalar(const lilac_matrix *W, int64_t r0, int64_t r1, const cpu_qact *a, float *y, int64_t ystride) {

@@ -45,6 +45,8 @@ void cpu_qact_reserve(cpu_qact *a, int T, int64_t cols);
 void cpu_qact_free(cpu_qact *a);
 /* Quantise row t of a from x[cols]. */
 void cpu_qact_row(cpu_qact *a, int t, const float *x);
+/* Row td of dst = row ts of src (same cols). */
+void cpu_qact_copy_row(cpu_qact *dst, int td, const cpu_qact *src, int ts);
 
 /* y[t * ystride + r] = W[r] . x[t] for rows [r0, r1) and all a->T rows t.
  * W: MAT_AFFINE, group 64, cols == a->cols. */
