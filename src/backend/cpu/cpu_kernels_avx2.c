@@ -22,6 +22,12 @@ TGT_VNNI static inline __attribute__((always_inline)) __m256i dot_vnni(__m256i a
     return _mm256_dpbusd_avx_epi32(acc, u, s);
 }
 
+TGT_AVX2 static inline float hsum8(__m256 v) {
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));
+}
+
 TGT_AVX2 static void row_affine_f32(const uint16_t *sc, const uint16_t *bi, int64_t ng, float *sf, float *bf) {
     for (int64_t g = 0; g < ng; g++) {
         sf[g] = bf16_to_f32(sc[g]);
@@ -39,38 +45,60 @@ TGT_AVX2 static float token_factors(const float *sf, const float *bf, const floa
     return r;
 }
 
-/* One kernel body per ISA: DOT is the lane-sum step, TGT its target. */
+/* One group g of 4-bit codes (nibbles lo, hi) times token t's pieces, folded into acc##t. */
+#define GROUP4(DOT, t)                                                                                            \
+    do {                                                                                                          \
+        const int8_t *h_ = ph##t + ev, *m_ = pm##t + ev, *l_ = pl##t + ev;                                        \
+        __m256i s_ = DOT(_mm256_setzero_si256(), lo, _mm256_load_si256((const void *)h_));                       \
+        s_ = DOT(s_, hi, _mm256_load_si256((const void *)(h_ + 64)));                                             \
+        s_ = _mm256_slli_epi32(s_, 8);                                                                            \
+        s_ = DOT(s_, lo, _mm256_load_si256((const void *)m_));                                                    \
+        s_ = DOT(s_, hi, _mm256_load_si256((const void *)(m_ + 64)));                                             \
+        __m256i u_ = DOT(_mm256_setzero_si256(), lo, _mm256_load_si256((const void *)l_));                       \
+        u_ = DOT(u_, hi, _mm256_load_si256((const void *)(l_ + 64)));                                             \
+        const __m256 v_ = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u_), r256, _mm256_cvtepi32_ps(s_));                  \
+        acc##t = _mm256_fmadd_ps(v_, _mm256_set1_ps(fs##t[g]), acc##t);                                           \
+    } while (0)
+
+#define CODES_GROUP()                                                                                             \
+    const __m256i c_ = _mm256_loadu_si256((const void *)(codes + 32 * g));                                        \
+    const __m256i lo = _mm256_and_si256(c_, m4), hi = _mm256_and_si256(_mm256_srli_epi16(c_, 4), m4);            \
+    const int64_t ev = (g >> 1) * 128 + (g & 1) * 32
+
+/* One kernel set per ISA: DOT is the lane-sum step, TGT its target. NAME_x1: a row times one token;
+ * NAME_x4: times four, each load of codes serving all four. */
 #define DEFINE_GEMV4(NAME, TGT, DOT)                                                                                 \
-    TGT static inline __attribute__((always_inline)) void NAME##_row(const uint8_t *codes, int64_t np,              \
-                                                                     const int8_t *const *ph, const int8_t *const *pm, \
-                                                                     const int8_t *const *pl, const float *const *fs, \
-                                                                     int NT, float *out) {                            \
+    TGT static float NAME##_x1(const uint8_t *codes, int64_t np, const int8_t *ph0, const int8_t *pm0,              \
+                               const int8_t *pl0, const float *fs0) {                                               \
         const __m256i m4 = _mm256_set1_epi8(0x0f);                                                                   \
-        __m256 acc[NT_MAX];                                                                                          \
-        for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();                                                   \
+        const __m256 r256 = _mm256_set1_ps(1.0f / 256.0f);                                                           \
+        __m256 acc0 = _mm256_setzero_ps();                                                                           \
         for (int64_t g = 0; g < 2 * np; g++) {                                                                       \
-            const __m256i c = _mm256_loadu_si256((const void *)(codes + 32 * g));                                   \
-            const __m256i lo = _mm256_and_si256(c, m4), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), m4);       \
-            const int64_t ev = (g >> 1) * 128 + (g & 1) * 32;                                                        \
-            for (int t = 0; t < NT; t++) {                                                                           \
-                const int8_t *h = ph[t] + ev, *m = pm[t] + ev, *l = pl[t] + ev;                                      \
-                __m256i s = DOT(_mm256_setzero_si256(), lo, _mm256_load_si256((const void *)h));                     \
-                s = DOT(s, hi, _mm256_load_si256((const void *)(h + 64)));                                          \
-                s = _mm256_slli_epi32(s, 8);                                                                         \
-                s = DOT(s, lo, _mm256_load_si256((const void *)m));                                                  \
-                s = DOT(s, hi, _mm256_load_si256((const void *)(m + 64)));                                          \
-                __m256i u = DOT(_mm256_setzero_si256(), lo, _mm256_load_si256((const void *)l));                     \
-                u = DOT(u, hi, _mm256_load_si256((const void *)(l + 64)));                                          \
-                const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), _mm256_set1_ps(1.0f / 256.0f),              \
-                                                 _mm256_cvtepi32_ps(s));                                             \
-                acc[t] = _mm256_fmadd_ps(v, _mm256_set1_ps(fs[t][g]), acc[t]);                                       \
-            }                                                                                                        \
+            CODES_GROUP();                                                                                           \
+            GROUP4(DOT, 0);                                                                                          \
         }                                                                                                            \
-        for (int t = 0; t < NT; t++) {                                                                               \
-            const __m128 q = _mm_add_ps(_mm256_castps256_ps128(acc[t]), _mm256_extractf128_ps(acc[t], 1));          \
-            const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));                                                     \
-            out[t] = _mm_cvtss_f32(_mm_add_ss(d, _mm_shuffle_ps(d, d, 1)));                                          \
+        return hsum8(acc0);                                                                                          \
+    }                                                                                                                \
+    TGT static void NAME##_x4(const uint8_t *codes, int64_t np, const int8_t *const *ph, const int8_t *const *pm,   \
+                              const int8_t *const *pl, const float *const *fs, float *out) {                        \
+        const __m256i m4 = _mm256_set1_epi8(0x0f);                                                                   \
+        const __m256 r256 = _mm256_set1_ps(1.0f / 256.0f);                                                           \
+        const int8_t *ph0 = ph[0], *ph1 = ph[1], *ph2 = ph[2], *ph3 = ph[3];                                         \
+        const int8_t *pm0 = pm[0], *pm1 = pm[1], *pm2 = pm[2], *pm3 = pm[3];                                         \
+        const int8_t *pl0 = pl[0], *pl1 = pl[1], *pl2 = pl[2], *pl3 = pl[3];                                         \
+        const float *fs0 = fs[0], *fs1 = fs[1], *fs2 = fs[2], *fs3 = fs[3];                                          \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                                    \
+        for (int64_t g = 0; g < 2 * np; g++) {                                                                       \
+            CODES_GROUP();                                                                                           \
+            GROUP4(DOT, 0);                                                                                          \
+            GROUP4(DOT, 1);                                                                                          \
+            GROUP4(DOT, 2);                                                                                          \
+            GROUP4(DOT, 3);                                                                                          \
         }                                                                                                            \
+        out[0] = hsum8(acc0);                                                                                        \
+        out[1] = hsum8(acc1);                                                                                        \
+        out[2] = hsum8(acc2);                                                                                        \
+        out[3] = hsum8(acc3);                                                                                        \
     }                                                                                                                \
     TGT static void NAME(const lilac_matrix *W, int64_t r0, int64_t r1, const cpu_qact *a, float *y,                \
                          int64_t ystride) {                                                                          \
@@ -91,12 +119,9 @@ TGT_AVX2 static float token_factors(const float *sf, const float *bf, const floa
                     bsum[k] = token_factors(sf, bf, a->dq + (int64_t)t * ng, a->xs + (int64_t)t * ng, ng, fs[k]);   \
                     fp[k] = fs[k];                                                                                   \
                 }                                                                                                    \
-                switch (nt) {                                                                                        \
-                case 1: NAME##_row(codes, np, ph, pm, pl, fp, 1, out); break;                                            \
-                case 2: NAME##_row(codes, np, ph, pm, pl, fp, 2, out); break;                                            \
-                case 3: NAME##_row(codes, np, ph, pm, pl, fp, 3, out); break;                                            \
-                default: NAME##_row(codes, np, ph, pm, pl, fp, 4, out); break;                                           \
-                }                                                                                                    \
+                if (nt == NT_MAX) NAME##_x4(codes, np, ph, pm, pl, fp, out);                                         \
+                else                                                                                                 \
+                    for (int k = 0; k < nt; k++) out[k] = NAME##_x1(codes, np, ph[k], pm[k], pl[k], fp[k]);          \
                 for (int k = 0; k < nt; k++) {                                                                       \
                     float v = out[k] + bsum[k];                                                                      \
                     if (ng & 1) {                                                                                    \

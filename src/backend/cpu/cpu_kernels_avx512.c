@@ -10,33 +10,61 @@
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define NT_MAX 4 /* tokens per tile: each load of codes serves this many tokens */
 
-/* Row r times NT tokens (NT a constant after inlining): 4-bit codes, the pairs
- * of groups; fs[t][g] = scale * d/256 of token t. */
-TGT static inline __attribute__((always_inline)) void row4_pairs(const uint8_t *codes, int64_t np, const int8_t *const *ph,
-                                                               const int8_t *const *pm, const int8_t *const *pl,
-                                                               const float *const *fs, int NT, float *out) {
-    const __m512 r256 = _mm512_set1_ps(1.0f / 256.0f);
+/* One pair of groups p of 4-bit codes (nibbles lo, hi) times token t's pieces, folded into acc with
+ * the pair's factors (scale * d/256 of each group). */
+#define PAIR4(t)                                                                                                  \
+    do {                                                                                                          \
+        const int8_t *h_ = ph##t + 128 * p, *m_ = pm##t + 128 * p, *l_ = pl##t + 128 * p;                         \
+        __m512i s_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)h_));       \
+        s_ = _mm512_dpbusd_epi32(s_, hi, _mm512_load_si512((const void *)(h_ + 64)));                             \
+        s_ = _mm512_slli_epi32(s_, 8);                                                                            \
+        s_ = _mm512_dpbusd_epi32(s_, lo, _mm512_load_si512((const void *)m_));                                    \
+        s_ = _mm512_dpbusd_epi32(s_, hi, _mm512_load_si512((const void *)(m_ + 64)));                             \
+        __m512i u_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)l_));       \
+        u_ = _mm512_dpbusd_epi32(u_, hi, _mm512_load_si512((const void *)(l_ + 64)));                             \
+        const __m512 v_ = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u_), r256, _mm512_cvtepi32_ps(s_));                  \
+        const __m512 f_ = _mm512_mask_mov_ps(_mm512_set1_ps(fs##t[2 * p]), 0xff00, _mm512_set1_ps(fs##t[2 * p + 1])); \
+        acc##t = _mm512_fmadd_ps(v_, f_, acc##t);                                                                 \
+    } while (0)
+
+#define CODES4()                                                                                                  \
+    const __m512i c_ = _mm512_loadu_si512((const void *)(codes + 64 * p));                                        \
+    const __m512i lo = _mm512_and_si512(c_, m4), hi = _mm512_and_si512(_mm512_srli_epi16(c_, 4), m4)
+
+/* Row r times one token: the pairs of groups. */
+TGT static float row4_x1(const uint8_t *codes, int64_t np, const int8_t *ph0, const int8_t *pm0, const int8_t *pl0,
+                         const float *fs0) {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    __m512 acc[NT_MAX];
-    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    const __m512 r256 = _mm512_set1_ps(1.0f / 256.0f);
+    __m512 acc0 = _mm512_setzero_ps();
     for (int64_t p = 0; p < np; p++) {
-        const __m512i c = _mm512_loadu_si512((const void *)(codes + 64 * p));
-        const __m512i lo = _mm512_and_si512(c, m4), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), m4);
-        for (int t = 0; t < NT; t++) {
-            const int8_t *h = ph[t] + 128 * p, *m = pm[t] + 128 * p, *l = pl[t] + 128 * p;
-            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)h));
-            s = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512((const void *)(h + 64)));
-            s = _mm512_slli_epi32(s, 8);
-            s = _mm512_dpbusd_epi32(s, lo, _mm512_load_si512((const void *)m));
-            s = _mm512_dpbusd_epi32(s, hi, _mm512_load_si512((const void *)(m + 64)));
-            __m512i u = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_load_si512((const void *)l));
-            u = _mm512_dpbusd_epi32(u, hi, _mm512_load_si512((const void *)(l + 64)));
-            const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(u), r256, _mm512_cvtepi32_ps(s));
-            const __m512 f = _mm512_mask_mov_ps(_mm512_set1_ps(fs[t][2 * p]), 0xff00, _mm512_set1_ps(fs[t][2 * p + 1]));
-            acc[t] = _mm512_fmadd_ps(v, f, acc[t]);
-        }
+        CODES4();
+        PAIR4(0);
     }
-    for (int t = 0; t < NT; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+    return _mm512_reduce_add_ps(acc0);
+}
+
+/* Row r times four tokens: each load of codes serves all four. */
+TGT static void row4_x4(const uint8_t *codes, int64_t np, const int8_t *const *ph, const int8_t *const *pm,
+                        const int8_t *const *pl, const float *const *fs, float *out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512 r256 = _mm512_set1_ps(1.0f / 256.0f);
+    const int8_t *ph0 = ph[0], *ph1 = ph[1], *ph2 = ph[2], *ph3 = ph[3];
+    const int8_t *pm0 = pm[0], *pm1 = pm[1], *pm2 = pm[2], *pm3 = pm[3];
+    const int8_t *pl0 = pl[0], *pl1 = pl[1], *pl2 = pl[2], *pl3 = pl[3];
+    const float *fs0 = fs[0], *fs1 = fs[1], *fs2 = fs[2], *fs3 = fs[3];
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    for (int64_t p = 0; p < np; p++) {
+        CODES4();
+        PAIR4(0);
+        PAIR4(1);
+        PAIR4(2);
+        PAIR4(3);
+    }
+    out[0] = _mm512_reduce_add_ps(acc0);
+    out[1] = _mm512_reduce_add_ps(acc1);
+    out[2] = _mm512_reduce_add_ps(acc2);
+    out[3] = _mm512_reduce_add_ps(acc3);
 }
 
 /* Scales and biases of a row as f32. */
@@ -88,12 +116,9 @@ TGT static void gemv4_avx512(const lilac_matrix *W, int64_t r0, int64_t r1, cons
                 bsum[k] = token_factors(sf, bf, a->dq + (int64_t)t * ng, a->xs + (int64_t)t * ng, ng, fs[k]);
                 fp[k] = fs[k];
             }
-            switch (nt) {
-            case 1: row4_pairs(codes, np, ph, pm, pl, fp, 1, out); break;
-            case 2: row4_pairs(codes, np, ph, pm, pl, fp, 2, out); break;
-            case 3: row4_pairs(codes, np, ph, pm, pl, fp, 3, out); break;
-            default: row4_pairs(codes, np, ph, pm, pl, fp, 4, out); break;
-            }
+            if (nt == NT_MAX) row4_x4(codes, np, ph, pm, pl, fp, out);
+            else
+                for (int k = 0; k < nt; k++) out[k] = row4_x1(codes, np, ph[k], pm[k], pl[k], fp[k]);
             for (int k = 0; k < nt; k++) {
                 float v = out[k] + bsum[k];
                 if (ng & 1) {
