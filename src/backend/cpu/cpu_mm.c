@@ -31,6 +31,11 @@ const cpu_kernels *cpu_mm_kernels(void) {
     return g_kernels;
 }
 
+void cpu_mm_use(const cpu_kernels *k) {
+    g_kernels = k;
+    g_kernels_set = true;
+}
+
 static bool is_fast(const cpu_mm *m) { return m->a && cpu_kernels_take(&m->W) && cpu_mm_kernels(); }
 
 /* Weight bytes of one row, and a row's cost: its bytes read once plus its

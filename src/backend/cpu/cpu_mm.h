@@ -29,5 +29,7 @@ void cpu_mm_run(const cpu_mm *items, int n);
  * Chosen once: LILAC_CPU_KERNELS=ref|scalar|avx2|avxvnni|avx512vnni, else the
  * fastest set the CPU runs (see docs/ARCHITECTURE.md: which path is the default). */
 const cpu_kernels *cpu_mm_kernels(void);
+/* Test hook: run k from now on (NULL: the f32 reference). Not while a forward pass runs. */
+void cpu_mm_use(const cpu_kernels *k);
 
 #endif
