@@ -10,6 +10,7 @@
 #include "cpu_kernels_impl.h"
 
 #define NT_MAX 4
+#define PF_AHEAD 4096 /* software prefetch distance of the one-token kernels, bytes */
 
 /* The int32 lane sums of u8 codes (0..15) times s8 pieces: AVX2 widens pairs
  * to int16 (at most 2*15*127, no saturation) then to int32. */
@@ -74,6 +75,7 @@ TGT_AVX2 static float token_factors(const float *sf, const float *bf, const floa
         const __m256 r256 = _mm256_set1_ps(1.0f / 256.0f);                                                           \
         __m256 acc0 = _mm256_setzero_ps();                                                                           \
         for (int64_t g = 0; g < 2 * np; g++) {                                                                       \
+            _mm_prefetch((const char *)(codes + 32 * g + PF_AHEAD), _MM_HINT_T0); /* memory-bound: rows ahead */     \
             CODES_GROUP();                                                                                           \
             GROUP4(DOT, 0);                                                                                          \
         }                                                                                                            \

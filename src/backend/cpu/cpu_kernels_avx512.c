@@ -9,6 +9,7 @@
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define NT_MAX 4 /* tokens per tile: each load of codes serves this many tokens */
+#define PF_AHEAD 4096 /* software prefetch distance of the one-token kernels, bytes */
 
 /* One pair of groups p of 4-bit codes (nibbles lo, hi) times token t's pieces, folded into acc with
  * the pair's factors (scale * d/256 of each group). */
@@ -38,6 +39,8 @@ TGT static float row4_x1(const uint8_t *codes, int64_t np, const int8_t *ph0, co
     const __m512 r256 = _mm512_set1_ps(1.0f / 256.0f);
     __m512 acc0 = _mm512_setzero_ps();
     for (int64_t p = 0; p < np; p++) {
+        /* one token: memory-bound; ask for the codes PF_AHEAD bytes on (the rows after this one) */
+        _mm_prefetch((const char *)(codes + 64 * p + PF_AHEAD), _MM_HINT_T0);
         CODES4();
         PAIR4(0);
     }
