@@ -10,6 +10,7 @@
 #include "cpu_kernels_impl.h"
 
 #define NT_MAX 4
+#define TB 64 /* tokens per block: their pieces (64 x 3 x cols bytes) stay in L2 while the rows pass */
 #define PF_AHEAD 4096 /* software prefetch distance of the one-token kernels, bytes */
 
 /* The int32 lane sums of u8 codes (0..15) times s8 pieces: AVX2 widens pairs
@@ -106,11 +107,13 @@ TGT_AVX2 static float token_factors(const float *sf, const float *bf, const floa
                          int64_t ystride) {                                                                          \
         const int64_t ng = a->ng, cols = a->cols, np = ng / 2;                                                       \
         float sf[CPU_MAX_GROUPS], bf[CPU_MAX_GROUPS], fs[NT_MAX][CPU_MAX_GROUPS], bsum[NT_MAX], out[NT_MAX];         \
+        for (int tb = 0; tb < a->T; tb += TB)                                                                        \
         for (int64_t r = r0; r < r1; r++) {                                                                          \
             const uint8_t *codes = (const uint8_t *)(W->q + r * (cols / 8));                                        \
             row_affine_f32(W->scales + r * ng, W->biases + r * ng, ng, sf, bf);                                      \
-            for (int t0 = 0; t0 < a->T; t0 += NT_MAX) {                                                              \
-                const int nt = a->T - t0 < NT_MAX ? a->T - t0 : NT_MAX;                                              \
+            const int te = a->T - tb < TB ? a->T : tb + TB;                                                          \
+            for (int t0 = tb; t0 < te; t0 += NT_MAX) {                                                               \
+                const int nt = te - t0 < NT_MAX ? te - t0 : NT_MAX;                                                  \
                 const int8_t *ph[NT_MAX], *pm[NT_MAX], *pl[NT_MAX];                                                  \
                 const float *fp[NT_MAX];                                                                             \
                 for (int k = 0; k < nt; k++) {                                                                       \

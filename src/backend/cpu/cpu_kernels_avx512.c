@@ -9,6 +9,7 @@
 
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma")))
 #define NT_MAX 4 /* tokens per tile: each load of codes serves this many tokens */
+#define TB 64 /* tokens per block: their pieces (64 x 3 x cols bytes) stay in L2 while the rows pass */
 #define PF_AHEAD 4096 /* software prefetch distance of the one-token kernels, bytes */
 
 /* One pair of groups p of 4-bit codes (nibbles lo, hi) times token t's pieces, folded into acc with
@@ -104,11 +105,13 @@ TGT static float token_factors(const float *sf, const float *bf, const float *dq
 TGT static void gemv4_avx512(const lilac_matrix *W, int64_t r0, int64_t r1, const cpu_qact *a, float *y, int64_t ystride) {
     const int64_t ng = a->ng, cols = a->cols, np = ng / 2;
     float sf[CPU_MAX_GROUPS], bf[CPU_MAX_GROUPS], fs[NT_MAX][CPU_MAX_GROUPS], bsum[NT_MAX], out[NT_MAX];
+    for (int tb = 0; tb < a->T; tb += TB)
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *codes = (const uint8_t *)(W->q + r * (cols / 8));
         row_affine_f32(W->scales + r * ng, W->biases + r * ng, ng, sf, bf);
-        for (int t0 = 0; t0 < a->T; t0 += NT_MAX) {
-            const int nt = a->T - t0 < NT_MAX ? a->T - t0 : NT_MAX;
+        const int te = a->T - tb < TB ? a->T : tb + TB;
+        for (int t0 = tb; t0 < te; t0 += NT_MAX) {
+            const int nt = te - t0 < NT_MAX ? te - t0 : NT_MAX;
             const int8_t *ph[NT_MAX], *pm[NT_MAX], *pl[NT_MAX];
             const float *fp[NT_MAX];
             for (int k = 0; k < nt; k++) {
