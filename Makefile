@@ -10,8 +10,8 @@ CC      ?= gcc
 ifeq ($(origin CC),default)
 CC      := gcc
 endif
-# The CPU backend is tuned for the machine that builds it (CI builds and runs on one machine);
-# CPU_ARCH= gives a portable x86-64 build.
+# The CPU backend's matrix kernels choose their ISA at run time (cpuid), whatever CPU_ARCH says;
+# the rest of the C is tuned for the machine that builds it. CPU_ARCH= gives a portable x86-64 build.
 CPU_ARCH ?= -march=native
 OPT     ?= -O2 $(CPU_ARCH)
 WERROR  ?= -Werror

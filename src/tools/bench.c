@@ -82,6 +82,7 @@ static void per_token_cost(const lilac_model *m, int64_t ctx, double kvb, double
     *flops = f;
 }
 
+double lilac_cpu_read_bandwidth(void);
 #ifdef LILAC_CUDA
 double lilac_cuda_copy_bandwidth(void);
 double lilac_cuda_mem_used(void);
@@ -109,7 +110,8 @@ int lilac_bench(const lilac_bench_opts *o) {
     lilac_session *s = be->session_new(&m, max_len + steps + 2 + (two_tok ? 64 : 0), (int)threads, &err);
     if (!s) lilac_die("%s", err.msg);
 
-    double bw = 0;
+    /* bw: copy bandwidth (read + write); the CPU's read bandwidth counts twice, so bw / 2 is the read ceiling */
+    double bw = !strcmp(be->name, "cpu") ? 2.0 * lilac_cpu_read_bandwidth() : 0;
 #ifdef LILAC_CUDA
     if (!strcmp(be->name, "cuda")) bw = lilac_cuda_copy_bandwidth();
 #endif
@@ -118,7 +120,8 @@ int lilac_bench(const lilac_bench_opts *o) {
     if (js) fprintf(js, "{\"schema_version\": 1, \"backend\": \"%s\", \"model\": \"%s\", \"decode_steps\": %ld, \"rounds\": %ld, "
                         "\"copy_bandwidth_gbs\": %.1f, \"results\": [", be->name, model, steps, rounds, bw / 1e9);
     printf("backend %s, %ld rounds, %ld decode steps%s\n", be->name, rounds, steps, bw > 0 ? "" : " (no bandwidth ceiling measured)");
-    if (bw > 0) printf("device copy bandwidth (read+write) measured: %.0f GB/s\n", bw / 1e9);
+    if (bw > 0 && !strcmp(be->name, "cpu")) printf("CPU read bandwidth measured (the session's threads): %.1f GB/s\n", bw / 2e9);
+    else if (bw > 0) printf("device copy bandwidth (read+write) measured: %.0f GB/s\n", bw / 1e9);
     printf("%8s %11s %7s %9s %11s %7s %9s %9s %18s\n", "context", "prefill/s", "spread", "TTFT ms", "decode/s", "spread",
            "dec %bw", "pre TF/s", "digest");
 

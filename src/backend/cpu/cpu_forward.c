@@ -4,15 +4,21 @@
  * [RMSNorm -> GatedDeltaNet or gated attention -> residual -> RMSNorm -> MoE ->
  * residual] -> final norm -> lm_head. Tokens are processed in chunks of up to
  * CHUNK positions so activation memory stays bounded at any prompt length;
- * within a chunk every weight row is dequantised once and used for all tokens.
- * Numerics follow mlx-lm's qwen3_5 model computed in f32 (spec/model.md §3). */
+ * within a chunk every weight row is read once and used for all tokens.
+ * Numerics follow mlx-lm's qwen3_5 model computed in f32 (spec/model.md §3);
+ * the matrix products run on the fast kernels (int8 pieces of the activations,
+ * cpu_kernels.h) or on the f32 reference (cpu_ops.h), as cpu_mm_kernels() says.
+ * Parallel work goes to one persistent thread pool (cpu_pool.h), several
+ * products per job (cpu_mm.h). */
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "../backend.h"
+#include "cpu_mm.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 
 #define CHUNK 512 /* rows per pass: larger chunks dequantise each expert once for more tokens */
 
@@ -39,8 +45,17 @@ struct lilac_session {
     float *x, *xn, *r;                 /* [CHUNK][hidden] */
     float *qkv, *conv_out, *z, *ba, *bb, *o;  /* GDN */
     float *qg, *kx, *vx, *att;         /* attention */
-    float *router, *topw, *moe_x, *moe_g, *moe_u, *moe_y, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
+    float *router, *topw, *sh_g, *sh_u, *sh_y, *sh_gate; /* MoE */
     int *topi;
+    /* routed rows gathered by expert: [cap][hidden] inputs and outputs, [cap][moe_inter] gate and up */
+    float *moe_x, *moe_g, *moe_u, *moe_y, *moe_wts; /* moe_wts: [cap] routing weight per gathered row */
+    int *moe_rows, moe_cap;                        /* [cap] token of each gathered row */
+    int *moe_start, *moe_used;                     /* [E+1] first gathered row per expert; [E] experts used */
+    cpu_mm *moe_items;                             /* [2E+1] */
+    /* quantised inputs of the fast path: the normed rows, GDN output, attention output, shared act,
+     * gathered expert inputs and expert act; moe_view: one expert's rows of the last two */
+    cpu_qact qa_xn, qa_o, qa_att, qa_sh, qa_moe, qa_moe_act;
+    cpu_qact *moe_view;
     float *inv_freq;                   /* [rotary_dim/2] RoPE frequencies */
     rowgroup grp[CHUNK];               /* the groups of the pass this session leads */
     int ngrp;
@@ -71,10 +86,14 @@ static void cpu_session_free(lilac_session *s) {
     }
     free(s->conv_state); free(s->ssm); free(s->kcache); free(s->vcache);
     float *bufs[] = {s->x, s->xn, s->r, s->qkv, s->conv_out, s->z, s->ba, s->bb, s->o, s->qg, s->kx, s->vx, s->att,
-                     s->router, s->topw, s->moe_x, s->moe_g, s->moe_u, s->moe_y, s->sh_g, s->sh_u, s->sh_y,
+                     s->router, s->topw, s->sh_g, s->sh_u, s->sh_y,
                      s->sh_gate, s->inv_freq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(s->topi);
+    cpu_qact *qas[] = {&s->qa_xn, &s->qa_o, &s->qa_att, &s->qa_sh, &s->qa_moe, &s->qa_moe_act};
+    for (size_t i = 0; i < sizeof qas / sizeof qas[0]; i++) cpu_qact_free(qas[i]);
+    free(s->moe_view); free(s->moe_x); free(s->moe_g); free(s->moe_u); free(s->moe_y); free(s->moe_wts);
+    free(s->moe_rows); free(s->moe_start); free(s->moe_used); free(s->moe_items);
     free(s);
 }
 
@@ -83,7 +102,7 @@ static float *fbuf(int64_t n) { return xcalloc((size_t)n, sizeof(float)); }
 static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int threads, lilac_err *err) {
     const lilac_config *c = &m->cfg;
     if (max_seq <= 0 || max_seq > c->max_pos) max_seq = c->max_pos;
-    if (threads > 0) omp_set_num_threads(threads);
+    cpu_pool_use(threads);
     (void)err;
     lilac_session *s = xcalloc(1, sizeof *s);
     s->m = m;
@@ -108,8 +127,10 @@ static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int
     s->att = fbuf(C * c->n_heads * c->head_dim);
     s->router = fbuf(C * c->n_experts); s->topw = fbuf(C * c->top_k);
     s->topi = xcalloc((size_t)(C * c->top_k), sizeof(int));
-    s->moe_x = fbuf(C * H); s->moe_y = fbuf(C * H);
-    s->moe_g = fbuf(C * c->moe_inter); s->moe_u = fbuf(C * c->moe_inter);
+    s->moe_view = xcalloc((size_t)c->n_experts, sizeof(cpu_qact));
+    s->moe_start = xcalloc((size_t)c->n_experts + 1, sizeof(int));
+    s->moe_used = xcalloc((size_t)c->n_experts, sizeof(int));
+    s->moe_items = xcalloc(2 * (size_t)c->n_experts + 1, sizeof(cpu_mm));
     s->sh_g = fbuf(C * c->shared_inter); s->sh_u = fbuf(C * c->shared_inter); s->sh_y = fbuf(C * H);
     s->sh_gate = fbuf(C);
     s->inv_freq = fbuf(c->rotary_dim / 2 + 1);
@@ -135,85 +156,139 @@ static void kv_reserve(lilac_session *s, int64_t need) {
     s->kv_cap = cap;
 }
 
+/* ---- matrix products ---------------------------------------------------- */
+
+typedef struct {
+    cpu_qact *a;
+    const float *x;
+} quant_job;
+
+static void quant_row(void *c, int64_t t) {
+    quant_job *j = c;
+    cpu_qact_row(j->a, (int)t, j->x + t * j->a->cols);
+}
+
+/* x [T][cols] quantised into a for the fast path; NULL where the reference runs. */
+static const cpu_qact *quant(cpu_qact *a, const float *x, int T, int64_t cols) {
+    if (!cpu_mm_kernels() || cols % 64) return NULL;
+    cpu_qact_reserve(a, T, cols);
+    quant_job j = {a, x};
+    if (T * cols >= 65536) cpu_pool_for(T, quant_row, &j);
+    else for (int t = 0; t < T; t++) quant_row(&j, t);
+    return a;
+}
+
+/* Rows [t0, t0+n) of a as a view of n rows. */
+static cpu_qact qview(const cpu_qact *a, int t0, int n) {
+    cpu_qact v = *a;
+    v.T = v.cap = n;
+    v.ph += (int64_t)t0 * a->cols; v.pm += (int64_t)t0 * a->cols; v.pl += (int64_t)t0 * a->cols;
+    v.nh += (int64_t)t0 * a->cols; v.nm += (int64_t)t0 * a->cols; v.nl += (int64_t)t0 * a->cols;
+    v.dq += (int64_t)t0 * a->ng; v.xs += (int64_t)t0 * a->ng;
+    return v;
+}
+
+static cpu_mm mm(const lilac_matrix *W, const float *x, const cpu_qact *a, int T, float *y) {
+    return (cpu_mm){.W = *W, .x = x, .a = a, .T = T, .y = y, .ystride = W->rows};
+}
+
 /* ---- Gated DeltaNet ----------------------------------------------------- */
+
+typedef struct {
+    lilac_session *s;
+    const lilac_layer *ly;
+    int l;
+} layer_job;
+
+/* Causal depthwise conv over [state (K-1 rows) | qkv (the group's rows)], then SiLU: channel ch. */
+static void conv_channel(void *c, int64_t ch) {
+    const layer_job *j = c;
+    lilac_session *s = j->s;
+    const lilac_config *cf = &s->m->cfg;
+    const int64_t CD = cfg_conv_dim(cf);
+    const int K = cf->conv_kernel;
+    const float *w = j->ly->conv + ch * K;
+    for (int gi = 0; gi < s->ngrp; gi++) {
+        const rowgroup *g = &s->grp[gi];
+        float *conv_state = g->s->conv_state[j->l];
+        const float *in = s->qkv + (int64_t)g->t0 * CD;
+        for (int t = 0; t < g->n; t++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                int src = t - (K - 1) + k; /* < 0: from the state */
+                float x = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+                acc += w[k] * x;
+            }
+            s->conv_out[(int64_t)(g->t0 + t) * CD + ch] = cpu_silu(acc);
+        }
+        /* New state: the last K-1 raw inputs of [state | qkv]. */
+        float tmp[16];
+        for (int k = 0; k < K - 1; k++) {
+            int src = g->n - (K - 1) + k;
+            tmp[k] = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
+        }
+        for (int k = 0; k < K - 1; k++) conv_state[(int64_t)k * CD + ch] = tmp[k];
+    }
+}
+
+/* The recurrence of v-head j of group gi (item = gi * Hv + j), sequential in t. */
+static void gdn_head(void *c, int64_t item) {
+    const layer_job *jb = c;
+    lilac_session *s = jb->s;
+    const lilac_layer *ly = jb->ly;
+    const lilac_config *cf = &s->m->cfg;
+    const int64_t CD = cfg_conv_dim(cf), KD = cfg_lin_key_dim(cf), VD = cfg_lin_val_dim(cf);
+    const int Hk = cf->lin_k_heads, Hv = cf->lin_v_heads, dk = cf->lin_k_dim, dv = cf->lin_v_dim;
+    const int gi = (int)(item / Hv), j = (int)(item % Hv);
+    const float qscale = 1.0f / sqrtf((float)dk);
+    const rowgroup *g = &s->grp[gi];
+    const int hk = j / (Hv / Hk); /* v-head j reads q/k head j / (Hv/Hk) */
+    float *S = g->s->ssm[jb->l] + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
+    float q[512], k[512], r[512];
+    const float A = expf(ly->A_log[j]);
+    for (int t = g->t0; t < g->t0 + g->n; t++) {
+        const float *row = s->conv_out + (int64_t)t * CD;
+        const float *qr = row + hk * dk, *kr = row + KD + hk * dk, *v = row + 2 * KD + (int64_t)j * dv;
+        float qs = 0.0f, ks = 0.0f;
+        for (int i = 0; i < dk; i++) { qs += qr[i] * qr[i]; ks += kr[i] * kr[i]; }
+        const float qn = qscale / sqrtf(qs + 1e-6f), kn = 1.0f / sqrtf(ks + 1e-6f);
+        for (int i = 0; i < dk; i++) { q[i] = qr[i] * qn; k[i] = kr[i] * kn; }
+        const float beta = cpu_sigmoid(s->bb[(int64_t)t * Hv + j]);
+        const float xa = s->ba[(int64_t)t * Hv + j] + ly->dt_bias[j];
+        const float softplus = xa > 20.0f ? xa : log1pf(expf(xa));
+        const float decay = expf(-A * softplus);
+        for (int m = 0; m < dv; m++) r[m] = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            float *Si = S + (int64_t)i * dv;
+            for (int m = 0; m < dv; m++) { Si[m] *= decay; r[m] += Si[m] * k[i]; }
+        }
+        for (int m = 0; m < dv; m++) r[m] = (v[m] - r[m]) * beta; /* delta */
+        float *o = s->o + (int64_t)t * VD + (int64_t)j * dv;
+        for (int m = 0; m < dv; m++) o[m] = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            float *Si = S + (int64_t)i * dv;
+            for (int m = 0; m < dv; m++) { Si[m] += k[i] * r[m]; o[m] += Si[m] * q[i]; }
+        }
+        /* Gated RMSNorm: w * rmsnorm(o) * silu(z). */
+        const float *z = s->z + (int64_t)t * VD + (int64_t)j * dv;
+        cpu_rmsnorm(o, o, ly->gdn_norm, dv, cf->rms_eps);
+        for (int m = 0; m < dv; m++) o[m] *= cpu_silu(z[m]);
+    }
+}
 
 static void gdn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     const lilac_config *c = &s->m->cfg;
-    const int64_t CD = cfg_conv_dim(c), KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c);
-    const int K = c->conv_kernel, Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-
-    cpu_matmul(&ly->in_qkv, s->xn, T, s->qkv);
-    cpu_matmul(&ly->in_z, s->xn, T, s->z);
-    cpu_matmul(&ly->in_b, s->xn, T, s->bb);
-    cpu_matmul(&ly->in_a, s->xn, T, s->ba);
-
-    /* Causal depthwise conv over [state (K-1 rows) | qkv (the group's rows)], then SiLU. */
-#pragma omp parallel for schedule(static)
-    for (int64_t ch = 0; ch < CD; ch++) {
-        const float *w = ly->conv + ch * K;
-        for (int gi = 0; gi < s->ngrp; gi++) {
-            const rowgroup *g = &s->grp[gi];
-            float *conv_state = g->s->conv_state[l];
-            const float *in = s->qkv + (int64_t)g->t0 * CD;
-            for (int t = 0; t < g->n; t++) {
-                float acc = 0.0f;
-                for (int k = 0; k < K; k++) {
-                    int src = t - (K - 1) + k; /* < 0: from the state */
-                    float x = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
-                    acc += w[k] * x;
-                }
-                s->conv_out[(int64_t)(g->t0 + t) * CD + ch] = cpu_silu(acc);
-            }
-            /* New state: the last K-1 raw inputs of [state | qkv]. */
-            float tmp[16];
-            for (int k = 0; k < K - 1; k++) {
-                int src = g->n - (K - 1) + k;
-                tmp[k] = src >= 0 ? in[(int64_t)src * CD + ch] : conv_state[(int64_t)(K - 1 + src) * CD + ch];
-            }
-            for (int k = 0; k < K - 1; k++) conv_state[(int64_t)k * CD + ch] = tmp[k];
-        }
-    }
-
-    /* Per v-head recurrence, sequential in t within a group, parallel over heads and groups. */
-    const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int gi = 0; gi < s->ngrp; gi++)
-    for (int j = 0; j < Hv; j++) {
-        const rowgroup *g = &s->grp[gi];
-        const int hk = j / (Hv / Hk); /* v-head j reads q/k head j / (Hv/Hk) */
-        float *S = g->s->ssm[l] + (int64_t)j * dk * dv; /* S[i][m]: key i, value m */
-        float q[512], k[512], r[512];
-        const float A = expf(ly->A_log[j]);
-        for (int t = g->t0; t < g->t0 + g->n; t++) {
-            const float *row = s->conv_out + (int64_t)t * CD;
-            const float *qr = row + hk * dk, *kr = row + KD + hk * dk, *v = row + 2 * KD + (int64_t)j * dv;
-            float qs = 0.0f, ks = 0.0f;
-            for (int i = 0; i < dk; i++) { qs += qr[i] * qr[i]; ks += kr[i] * kr[i]; }
-            const float qn = qscale / sqrtf(qs + 1e-6f), kn = 1.0f / sqrtf(ks + 1e-6f);
-            for (int i = 0; i < dk; i++) { q[i] = qr[i] * qn; k[i] = kr[i] * kn; }
-            const float beta = cpu_sigmoid(s->bb[(int64_t)t * Hv + j]);
-            const float xa = s->ba[(int64_t)t * Hv + j] + ly->dt_bias[j];
-            const float softplus = xa > 20.0f ? xa : log1pf(expf(xa));
-            const float decay = expf(-A * softplus);
-            for (int m = 0; m < dv; m++) r[m] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (int64_t)i * dv;
-                for (int m = 0; m < dv; m++) { Si[m] *= decay; r[m] += Si[m] * k[i]; }
-            }
-            for (int m = 0; m < dv; m++) r[m] = (v[m] - r[m]) * beta; /* delta */
-            float *o = s->o + (int64_t)t * VD + (int64_t)j * dv;
-            for (int m = 0; m < dv; m++) o[m] = 0.0f;
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (int64_t)i * dv;
-                for (int m = 0; m < dv; m++) { Si[m] += k[i] * r[m]; o[m] += Si[m] * q[i]; }
-            }
-            /* Gated RMSNorm: w * rmsnorm(o) * silu(z). */
-            const float *z = s->z + (int64_t)t * VD + (int64_t)j * dv;
-            cpu_rmsnorm(o, o, ly->gdn_norm, dv, c->rms_eps);
-            for (int m = 0; m < dv; m++) o[m] *= cpu_silu(z[m]);
-        }
-    }
-    cpu_matmul(&ly->out_proj, s->o, T, s->r);
+    const cpu_qact *qa = quant(&s->qa_xn, s->xn, T, c->hidden);
+    const cpu_mm in[4] = {mm(&ly->in_qkv, s->xn, qa, T, s->qkv), mm(&ly->in_z, s->xn, qa, T, s->z),
+                          mm(&ly->in_b, s->xn, qa, T, s->bb), mm(&ly->in_a, s->xn, qa, T, s->ba)};
+    cpu_mm_run(in, 4);
+    layer_job j = {s, ly, l};
+    cpu_pool_for(cfg_conv_dim(c), conv_channel, &j);
+    /* parallel over heads and groups */
+    cpu_pool_for_dynamic((int64_t)s->ngrp * c->lin_v_heads, gdn_head, &j);
+    const cpu_qact *qo = quant(&s->qa_o, s->o, T, cfg_lin_val_dim(c));
+    const cpu_mm out = mm(&ly->out_proj, s->o, qo, T, s->r);
+    cpu_mm_run(&out, 1);
 }
 
 /* ---- gated attention ---------------------------------------------------- */
@@ -231,17 +306,62 @@ static void rope(float *x, int rd, int64_t pos, const float *inv_freq) {
     }
 }
 
+typedef struct {
+    lilac_session *s;
+    int T;
+    float *row_kc[CHUNK], *row_vc[CHUNK];
+    int64_t row_pos[CHUNK], max_len;
+    atomic_llong next; /* the next (row, head) item */
+} attn_job;
+
+/* Causal softmax attention, items (row t, head h) handed out one at a time. */
+static void attn_part(void *c, int tid, int nth) {
+    (void)tid, (void)nth;
+    attn_job *j = c;
+    lilac_session *s = j->s;
+    const lilac_config *cf = &s->m->cfg;
+    const int nh = cf->n_heads, nkv = cf->n_kv_heads, hd = cf->head_dim, grp = nh / nkv;
+    const int64_t kvw = (int64_t)nkv * hd, qgw = 2 * (int64_t)nh * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = NULL;
+    for (int64_t it; (it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < (int64_t)j->T * nh;) {
+        if (!sc) sc = xmalloc(sizeof(float) * (size_t)j->max_len);
+        const int t = (int)(it / nh), h = (int)(it % nh);
+        const float *q = s->qg + t * qgw + (int64_t)h * 2 * hd, *gate = q + hd;
+        const float *kc = j->row_kc[t], *vc = j->row_vc[t];
+        const int kh = h / grp;
+        const int64_t n = j->row_pos[t] + 1; /* causal: keys 0..pos */
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            sc[i] = cpu_dot(q, kc + i * kvw + (int64_t)kh * hd, hd) * scale;
+            if (sc[i] > mx) mx = sc[i];
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) sum += (sc[i] = expf(sc[i] - mx));
+        float *o = s->att + (int64_t)t * nh * hd + (int64_t)h * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            const float p = sc[i] / sum, *v = vc + i * kvw + (int64_t)kh * hd;
+            for (int d = 0; d < hd; d++) o[d] += p * v[d];
+        }
+        for (int d = 0; d < hd; d++) o[d] *= cpu_sigmoid(gate[d]);
+    }
+    free(sc);
+}
+
 static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     const lilac_config *c = &s->m->cfg;
-    const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim, grp = nh / nkv;
+    const int nh = c->n_heads, nkv = c->n_kv_heads, hd = c->head_dim;
     const int64_t kvw = (int64_t)nkv * hd, qgw = 2 * (int64_t)nh * hd;
 
-    cpu_matmul(&ly->q_proj, s->xn, T, s->qg);
-    cpu_matmul(&ly->k_proj, s->xn, T, s->kx);
-    cpu_matmul(&ly->v_proj, s->xn, T, s->vx);
+    const cpu_qact *qa = quant(&s->qa_xn, s->xn, T, c->hidden);
+    const cpu_mm in[3] = {mm(&ly->q_proj, s->xn, qa, T, s->qg), mm(&ly->k_proj, s->xn, qa, T, s->kx),
+                          mm(&ly->v_proj, s->xn, qa, T, s->vx)};
+    cpu_mm_run(in, 3);
     /* Per row: its session's cache and absolute position. */
-    float *row_kc[CHUNK], *row_vc[CHUNK];
-    int64_t row_pos[CHUNK], max_len = 0;
+    attn_job j = {.s = s, .T = T};
+    float **row_kc = j.row_kc, **row_vc = j.row_vc;
+    int64_t *row_pos = j.row_pos, max_len = 0;
     bool row_bf16[CHUNK];
     for (int gi = 0; gi < s->ngrp; gi++) {
         const rowgroup *g = &s->grp[gi];
@@ -277,36 +397,12 @@ static void attn_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
         }
     }
 
-    const float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel
-    {
-        float *sc = malloc(sizeof(float) * (size_t)max_len);
-#pragma omp for collapse(2) schedule(dynamic, 1)
-        for (int t = 0; t < T; t++) {
-            for (int h = 0; h < nh; h++) {
-                const float *q = s->qg + t * qgw + (int64_t)h * 2 * hd, *gate = q + hd;
-                const float *kc = row_kc[t], *vc = row_vc[t];
-                const int kh = h / grp;
-                const int64_t n = row_pos[t] + 1; /* causal: keys 0..pos */
-                float mx = -INFINITY;
-                for (int64_t j = 0; j < n; j++) {
-                    sc[j] = cpu_dot(q, kc + j * kvw + (int64_t)kh * hd, hd) * scale;
-                    if (sc[j] > mx) mx = sc[j];
-                }
-                float sum = 0.0f;
-                for (int64_t j = 0; j < n; j++) sum += (sc[j] = expf(sc[j] - mx));
-                float *o = s->att + (int64_t)t * nh * hd + (int64_t)h * hd;
-                for (int d = 0; d < hd; d++) o[d] = 0.0f;
-                for (int64_t j = 0; j < n; j++) {
-                    const float p = sc[j] / sum, *v = vc + j * kvw + (int64_t)kh * hd;
-                    for (int d = 0; d < hd; d++) o[d] += p * v[d];
-                }
-                for (int d = 0; d < hd; d++) o[d] *= cpu_sigmoid(gate[d]);
-            }
-        }
-        free(sc);
-    }
-    cpu_matmul(&ly->o_proj, s->att, T, s->r);
+    j.max_len = max_len;
+    atomic_init(&j.next, 0);
+    cpu_pool_run(attn_part, &j);
+    const cpu_qact *qo = quant(&s->qa_att, s->att, T, (int64_t)nh * hd);
+    const cpu_mm out = mm(&ly->o_proj, s->att, qo, T, s->r);
+    cpu_mm_run(&out, 1);
 }
 
 /* ---- mixture of experts ------------------------------------------------- */
@@ -338,8 +434,12 @@ static void moe_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
     int32_t *rec = s->rt_n && s->rt_rec ? s->rt_rec + rt_off : NULL;
     const int32_t *rep = s->rt_n && s->rt_rep ? s->rt_rep + rt_off : NULL;
 
+    /* Router, shared expert gate, shared gate and up: one job on the normed rows. */
+    const cpu_qact *qa = quant(&s->qa_xn, s->xn, T, H);
+    const cpu_mm first[4] = {mm(&ly->router, s->xn, qa, T, s->router), mm(&ly->sh_expert_gate, s->xn, qa, T, s->sh_gate),
+                             mm(&ly->sh_gate, s->xn, qa, T, s->sh_g), mm(&ly->sh_up, s->xn, qa, T, s->sh_u)};
+    cpu_mm_run(first, 4);
     /* Router: softmax over all experts (f32), top-k (or the replayed ids), renormalise. */
-    cpu_matmul(&ly->router, s->xn, T, s->router);
     for (int t = 0; t < T; t++) {
         float *p = s->router + (int64_t)t * E;
         float mx = -INFINITY, sum = 0.0f;
@@ -363,33 +463,61 @@ static void moe_layer(lilac_session *s, const lilac_layer *ly, int l, int T) {
         if (c->norm_topk) for (int k = 0; k < K; k++) tw[k] /= tot;
     }
 
-    memset(s->r, 0, sizeof(float) * (size_t)(T * H));
-    /* Each expert runs once over the tokens routed to it. */
-    int rows[CHUNK];
-    float wts[CHUNK];
+    /* Each expert runs once over the tokens routed to it: the rows gathered by expert (ascending), the gate
+     * and up products of all experts as one job, the down products and the shared expert's as another. */
+    if (s->moe_cap < T * K) {
+        free(s->moe_x); free(s->moe_g); free(s->moe_u); free(s->moe_y); free(s->moe_wts); free(s->moe_rows);
+        s->moe_cap = T * K;
+        s->moe_wts = fbuf(T * K);
+        s->moe_rows = xcalloc((size_t)(T * K), sizeof(int));
+        s->moe_x = fbuf((int64_t)T * K * H); s->moe_y = fbuf((int64_t)T * K * H);
+        s->moe_g = fbuf((int64_t)T * K * I); s->moe_u = fbuf((int64_t)T * K * I);
+    }
+    int *rows = s->moe_rows, *start = s->moe_start, *used = s->moe_used, nused = 0, tot = 0;
+    float *wts = s->moe_wts;
+    cpu_mm *items = s->moe_items;
     for (int e = 0; e < E; e++) {
-        int n = 0;
+        start[e] = tot;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < K; k++)
-                if (s->topi[t * K + k] == e) { rows[n] = t; wts[n] = s->topw[t * K + k]; n++; }
-        if (!n) continue;
-        for (int i = 0; i < n; i++) memcpy(s->moe_x + i * H, s->xn + rows[i] * H, sizeof(float) * (size_t)H);
-        lilac_matrix g = lilac_mat_expert(&ly->exp_gate, e), u = lilac_mat_expert(&ly->exp_up, e),
-                     d = lilac_mat_expert(&ly->exp_down, e);
-        cpu_matmul(&g, s->moe_x, n, s->moe_g);
-        cpu_matmul(&u, s->moe_x, n, s->moe_u);
-        for (int64_t i = 0; i < n * I; i++) s->moe_g[i] = cpu_silu(s->moe_g[i]) * s->moe_u[i];
-        cpu_matmul(&d, s->moe_g, n, s->moe_y);
-        for (int i = 0; i < n; i++)
-            for (int64_t h = 0; h < H; h++) s->r[rows[i] * H + h] += wts[i] * s->moe_y[i * H + h];
+                if (s->topi[t * K + k] == e) { rows[tot] = t; wts[tot] = s->topw[t * K + k]; tot++; }
+        if (tot > start[e]) used[nused++] = e;
     }
-
-    /* Shared expert, scaled by sigmoid(shared_expert_gate . x). */
-    cpu_matmul(&ly->sh_gate, s->xn, T, s->sh_g);
-    cpu_matmul(&ly->sh_up, s->xn, T, s->sh_u);
+    start[E] = tot;
+    /* the f32 rows for the reference, the quantised ones for the fast kernels */
+    if (!qa || !cpu_kernels_take(&ly->exp_gate) || !cpu_kernels_take(&ly->exp_up))
+        for (int i = 0; i < tot; i++) memcpy(s->moe_x + i * H, s->xn + rows[i] * H, sizeof(float) * (size_t)H);
+    cpu_qact *qm = NULL;
+    if (qa) {
+        qm = &s->qa_moe;
+        cpu_qact_reserve(qm, tot, H);
+        for (int i = 0; i < tot; i++) cpu_qact_copy_row(qm, i, qa, rows[i]);
+    }
+    for (int u = 0; u < nused; u++) {
+        const int e = used[u], o = start[e], n = start[e + 1] - o;
+        if (qm) s->moe_view[e] = qview(qm, o, n);
+        const lilac_matrix g = lilac_mat_expert(&ly->exp_gate, e), up = lilac_mat_expert(&ly->exp_up, e);
+        const cpu_qact *v = qm ? &s->moe_view[e] : NULL;
+        items[2 * u] = mm(&g, s->moe_x + (int64_t)o * H, v, n, s->moe_g + (int64_t)o * I);
+        items[2 * u + 1] = mm(&up, s->moe_x + (int64_t)o * H, v, n, s->moe_u + (int64_t)o * I);
+    }
+    cpu_mm_run(items, 2 * nused);
+    for (int64_t i = 0; i < tot * I; i++) s->moe_g[i] = cpu_silu(s->moe_g[i]) * s->moe_u[i];
     for (int64_t i = 0; i < T * SI; i++) s->sh_g[i] = cpu_silu(s->sh_g[i]) * s->sh_u[i];
-    cpu_matmul(&ly->sh_down, s->sh_g, T, s->sh_y);
-    cpu_matmul(&ly->sh_expert_gate, s->xn, T, s->sh_gate);
+    const cpu_qact *qg = quant(&s->qa_moe_act, s->moe_g, tot, I), *qs = quant(&s->qa_sh, s->sh_g, T, SI);
+    for (int u = 0; u < nused; u++) {
+        const int e = used[u], o = start[e], n = start[e + 1] - o;
+        if (qg) s->moe_view[e] = qview(qg, o, n);
+        const lilac_matrix d = lilac_mat_expert(&ly->exp_down, e);
+        items[u] = mm(&d, s->moe_g + (int64_t)o * I, qg ? &s->moe_view[e] : NULL, n, s->moe_y + (int64_t)o * H);
+    }
+    items[nused] = mm(&ly->sh_down, s->sh_g, qs, T, s->sh_y);
+    cpu_mm_run(items, nused + 1);
+
+    memset(s->r, 0, sizeof(float) * (size_t)(T * H));
+    for (int i = 0; i < tot; i++)
+        for (int64_t h = 0; h < H; h++) s->r[rows[i] * H + h] += wts[i] * s->moe_y[i * H + h];
+    /* Shared expert, scaled by sigmoid(shared_expert_gate . x). */
     for (int t = 0; t < T; t++) {
         const float gs = cpu_sigmoid(s->sh_gate[t]);
         for (int64_t h = 0; h < H; h++) s->r[t * H + h] += gs * s->sh_y[t * H + h];
@@ -421,7 +549,9 @@ static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_log
     if (mode == LOGITS_NONE) return;
     int first = mode == LOGITS_ALL ? 0 : T - 1;
     for (int t = first; t < T; t++) cpu_rmsnorm(s->xn + (t - first) * H, s->x + t * H, m->final_norm, H, c->rms_eps);
-    cpu_matmul(&m->lm_head, s->xn, T - first, logits);
+    const cpu_qact *qa = quant(&s->qa_xn, s->xn, T - first, H);
+    const cpu_mm head = mm(&m->lm_head, s->xn, qa, T - first, logits);
+    cpu_mm_run(&head, 1);
 }
 
 /* The routing tables fit a call of n tokens; a replay table's rows are -1 throughout or K distinct experts. */

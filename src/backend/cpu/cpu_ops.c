@@ -1,9 +1,10 @@
 /* cpu_ops.c — see cpu_ops.h. */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 
+#include "../../util/common.h"
 #include "cpu_ops.h"
+#include "cpu_pool.h"
 
 float cpu_dot(const float *a, const float *b, int64_t n) {
     float acc = 0.0f;
@@ -41,32 +42,48 @@ static float affine_row_dot(const lilac_matrix *m, int64_t r, const float *x, co
     return m->bits == 4 ? affine_row_dot_bits(m, r, x, xsum, 4) : affine_row_dot_bits(m, r, x, xsum, 8);
 }
 
-void cpu_matmul(const lilac_matrix *W, const float *x, int T, float *y) {
-    const int64_t rows = W->rows, cols = W->cols;
+void cpu_matmul_rows(const lilac_matrix *W, const float *x, int T, float *y, int64_t ystride, int64_t r0, int64_t r1) {
+    const int64_t cols = W->cols;
+    if (r0 >= r1) return;
     if (T == 1 && W->type == MAT_AFFINE) {
         /* Decode: fused dequant-dot, with the per-group sums of x computed once. */
         const int64_t ng = cols / W->group;
-        float *xsum = malloc(sizeof(float) * (size_t)ng);
+        float *xsum = xmalloc(sizeof(float) * (size_t)ng);
         for (int64_t g = 0; g < ng; g++) {
             float s = 0.0f;
             for (int i = 0; i < W->group; i++) s += x[g * W->group + i];
             xsum[g] = s;
         }
-#pragma omp parallel for schedule(static) if (rows * cols > 32768)
-        for (int64_t r = 0; r < rows; r++) y[r] = affine_row_dot(W, r, x, xsum);
+        for (int64_t r = r0; r < r1; r++) y[r] = affine_row_dot(W, r, x, xsum);
         free(xsum);
         return;
     }
-#pragma omp parallel if (rows * cols * T > 32768)
-    {
-        float *row = malloc(sizeof(float) * (size_t)cols);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            lilac_mat_row(W, r, row);
-            for (int t = 0; t < T; t++) y[(int64_t)t * rows + r] = cpu_dot(row, x + (int64_t)t * cols, cols);
-        }
-        free(row);
+    float *row = xmalloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = r0; r < r1; r++) {
+        lilac_mat_row(W, r, row);
+        for (int t = 0; t < T; t++) y[(int64_t)t * ystride + r] = cpu_dot(row, x + (int64_t)t * cols, cols);
     }
+    free(row);
+}
+
+typedef struct {
+    const lilac_matrix *W;
+    const float *x;
+    float *y;
+    int T;
+} matmul_job;
+
+static void matmul_part(void *c, int tid, int nth) {
+    const matmul_job *j = c;
+    int64_t lo, hi;
+    cpu_pool_share(j->W->rows, tid, nth, &lo, &hi);
+    cpu_matmul_rows(j->W, j->x, j->T, j->y, j->W->rows, lo, hi);
+}
+
+void cpu_matmul(const lilac_matrix *W, const float *x, int T, float *y) {
+    matmul_job j = {W, x, y, T};
+    if (W->rows * W->cols * T > 32768) cpu_pool_run(matmul_part, &j);
+    else matmul_part(&j, 0, 1);
 }
 
 void cpu_rmsnorm(float *out, const float *x, const float *gain, int64_t n, float eps) {
