@@ -19,6 +19,7 @@ static void read_env(void) {
     g_diag.ablate = set("LILAC_ABLATE");
     g_diag.moe_prof_layer = (v = set("LILAC_MOE_PROF")) ? atoi(v) : -1;
     g_diag.bench_two = set("LILAC_BENCH_TWO") != NULL;
+    g_diag.cpu_kernels = set("LILAC_CPU_KERNELS");
     g_diag.convert_free_bytes = set("LILAC_CONVERT_FREE_BYTES");
     g_diag.convert_die_after = (v = set("LILAC_CONVERT_DIE_AFTER")) ? atol(v) : -1;
 }

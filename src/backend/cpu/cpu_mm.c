@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../util/diag.h"
 #include "../../util/common.h"
 #include "cpu_mm.h"
 #include "cpu_ops.h"
@@ -13,7 +14,7 @@ static bool g_kernels_set;
 
 const cpu_kernels *cpu_mm_kernels(void) {
     if (g_kernels_set) return g_kernels;
-    const char *e = getenv("LILAC_CPU_KERNELS");
+    const char *e = lilac_diag()->cpu_kernels;
     static const char *const names[CPU_ISA_COUNT] = {"scalar", "avx2", "avxvnni", "avx512vnni"};
     g_kernels = cpu_kernels_best();
     if (e && *e) {
