@@ -50,7 +50,7 @@ TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 CUDA_TEST_CU := $(wildcard tests/cuda/test_*.cu tests/cuda/bench_*.cu)
 CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda $(patsubst tests/cuda/%.cu,$(BUILD)/cuda-tests/%,$(CUDA_TEST_CU)))
 
-.PHONY: all test fuzz asan clean deps run emu-tests
+.PHONY: all test fuzz asan clean deps run emu-tests emu
 all: $(BUILD)/lilac $(TEST_BIN) $(CUDA_TEST_BIN)
 
 $(BUILD)/liblilac.a: $(LIB_OBJ)
@@ -90,6 +90,26 @@ $(BUILD)/emu-tests/test_sample_emu: tests/cuda/test_sample.cu src/backend/cuda/c
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) $(EMU_FLAGS) -ffp-contract=off -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
 	    $(BUILD)/src/model/sampler.o $(BUILD)/src/util/common.o -lm -o $@
+
+# `make emu`: build/emu/lilac, the whole lilac command with its CUDA backend (src/backend/cuda/*.cu)
+# compiled by g++ against the emulator's runtime (tests/cuda/emu) and run on the CPU; the C sources
+# that name LILAC_CUDA are rebuilt with it, the rest come from $(BUILD). tests/emu runs it against
+# the CPU backend (docs/testing.md).
+EMU_CUDA_C := $(shell grep -l LILAC_CUDA $(LIB_SRC) $(CLI_SRC))
+EMU_C_OBJ  := $(patsubst %.c,$(BUILD)/emu/%.o,$(EMU_CUDA_C)) \
+              $(patsubst %.c,$(BUILD)/%.o,$(filter-out $(EMU_CUDA_C),$(LIB_SRC) $(CLI_SRC)))
+EMU_CU_OBJ := $(patsubst %.cu,$(BUILD)/emu/%.o,$(CU_SRC))
+EMU_OPT    ?= -O2
+emu: $(BUILD)/emu/lilac
+$(BUILD)/emu/lilac: $(EMU_C_OBJ) $(EMU_CU_OBJ)
+	$(EMU_CXX) -pthread -o $@ $^ $(filter-out -L% -lcudart_static -ldl -lrt -lstdc++,$(LDLIBS))
+$(BUILD)/emu/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DLILAC_CUDA -c -o $@ $<
+$(BUILD)/emu/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -std=c++20 $(EMU_OPT) -g -pthread -MMD -MP -Wno-unknown-pragmas \
+	    -Itests/cuda/emu -Isrc -DLILAC_CUEMU -x c++ -c -o $@ $<
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -138,4 +158,4 @@ test: deps
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(EMU_BIN:=.d)
+-include $(LIB_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(EMU_BIN:=.d) $(EMU_C_OBJ:.o=.d) $(EMU_CU_OBJ:.o=.d)

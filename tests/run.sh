@@ -92,8 +92,17 @@ if require "emu/g++" command -v g++; then
         done
     fi
 fi
+# The whole CUDA backend on the emulator (`make emu`: build/emu/lilac) against the CPU backend,
+# token for token (tests/emu; docs/testing.md says what it covers and what it cannot).
+if require "emu/g++ (make emu)" command -v g++; then
+    run_suite "emu/build-lilac" bash -c "make -s -j\"${EMU_JOBS:-2}\" emu && echo '1 passed, 0 failed'"
+    if grep -q '^1 passed, 0 failed$' "$LOG/emu_build-lilac.log" && [ -x .venv/bin/python ]; then
+        run_suite "emu/lilac-vs-cpu" env LILAC=build/lilac LILAC_EMU=build/emu/lilac \
+            .venv/bin/python -m pytest -q -p no:cacheprovider tests/emu
+    fi
+fi
 if require "py/.venv" test -x .venv/bin/python; then
-    for t in $(find tests -name 'test_*.py' | sort); do
+    for t in $(find tests -path tests/emu -prune -o -name 'test_*.py' -print | sort); do  # (tests/emu: above)
         run_suite "py/$t" env LILAC=build/lilac .venv/bin/python -m pytest -q -p no:cacheprovider "$t"
     done
     # The model against MLX-LM once more with the ASan+UBSan binary (tiny case: both layouts,

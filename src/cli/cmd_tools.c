@@ -12,7 +12,8 @@
 #include "commands.h"
 
 static const char synth_help[] =
-    "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE]\n"
+    "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--hidden H] [--experts E]\n"
+    "                   [--inter I] [--router MODE]\n"
     "\n"
     "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
     "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
@@ -21,6 +22,12 @@ static const char synth_help[] =
     "  --seed S        default 0\n"
     "  --layers N      1..40 (default 40)\n"
     "  --vocab V       a positive multiple of 64 (default 248320)\n"
+    "  --hidden H      hidden size, a positive multiple of 64 (default 2048)\n"
+    "  --experts E     routed experts, 8..256 (default 256; the router modes other than\n"
+    "                  random need all 256)\n"
+    "  --inter I       routed and shared experts' width, a positive multiple of 64 (default 512)\n"
+    "                  (smaller checkpoints for tests that run the whole model slowly, e.g. on\n"
+    "                  the CUDA emulator; attention and linear-attention heads keep their shape)\n"
     "  --router MODE   how the routers spread tokens over the 256 experts (default random);\n"
     "                  each mode is what the 8-bit affine router format can express:\n"
     "    random  every router row random: tokens spread evenly (the default)\n"
@@ -41,7 +48,7 @@ static const char synth_help[] =
 
 int cmd_synth(int argc, char **argv) {
     const char *out = NULL, *router = "random";
-    long seed = 0, layers = 40, vocab = 0;
+    long seed = 0, layers = 40, vocab = 0, hidden = 0, experts = 0, inter = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(synth_help, stdout);
@@ -49,6 +56,8 @@ int cmd_synth(int argc, char **argv) {
         }
         if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
             !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab) &&
+            !opt_int(argc, argv, &i, "--hidden", &hidden) && !opt_int(argc, argv, &i, "--experts", &experts) &&
+            !opt_int(argc, argv, &i, "--inter", &inter) &&
             !opt_str(argc, argv, &i, "--router", &router))
             opt_unknown("synth", argv[i]);
     }
@@ -62,6 +71,19 @@ int cmd_synth(int argc, char **argv) {
     if (vocab) {
         if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
         c.vocab = vocab;
+    }
+    if (hidden) {
+        if (hidden < 64 || hidden % 64 || hidden > 2048) lilac_die("--hidden must be a positive multiple of 64, at most 2048");
+        c.hidden = hidden;
+    }
+    if (inter) {
+        if (inter < 64 || inter % 64 || inter > 512) lilac_die("--inter must be a positive multiple of 64, at most 512");
+        c.moe_inter = c.shared_inter = inter;
+    }
+    if (experts) {
+        if (experts < c.top_k || experts > c.n_experts) lilac_die("--experts must be in %d..%d", c.top_k, c.n_experts);
+        if (mode != 0 && experts != c.n_experts) lilac_die("--router %s needs all %d experts", router, c.n_experts);
+        c.n_experts = (int)experts;
     }
     char note[64];
     snprintf(note, sizeof note, "lilac synth --router %s", router);

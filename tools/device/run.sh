@@ -351,6 +351,16 @@ if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ -n "$ALL
     [ -d /tmp/syn4 ] && step memcheck-prefill-2100 compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model /tmp/syn4 --backend cuda --ids "$(seq -s, 1 2100)" --max-tokens 2
 fi
+# The emulator's suite (tests/emu: synth and demo checkpoints, greedy ids, logits, snapshots, seeded
+# sampling, streamed serve) with this nvcc build as its CUDA side, under memcheck and racecheck.
+if command -v compute-sanitizer >/dev/null && [ -n "$ALLCHECKS" ] && python3 -c 'import pytest, httpx, numpy' 2>/dev/null; then
+    for tool in memcheck racecheck; do
+        printf '#!/bin/sh\nexec compute-sanitizer --tool %s --error-exitcode 9 %s/build/lilac "$@"\n' "$tool" "$PWD" > "/tmp/cs-$tool-lilac"
+        chmod +x "/tmp/cs-$tool-lilac"
+        step "emu-suite-$tool" timeout "${EMU_SUITE_S:-300}" env LILAC=build/lilac LILAC_EMU="/tmp/cs-$tool-lilac" \
+            python3 -m pytest -q -p no:cacheprovider tests/emu
+    done
+fi
 
 # 2. Benchmarks on the full-size synthetic checkpoint (40 layers, 256 experts, vocab 248,320).
 if [ -n "$ALLCHECKS" ] || [ "$MODE" = bench ]; then

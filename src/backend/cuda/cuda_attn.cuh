@@ -95,6 +95,11 @@ struct geom {
 };
 
 
+#ifdef LILAC_CUEMU // the emulator's stand-ins (src_bytes is 16 or 0: zero-fill)
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) { ::cp_async16_s(dst, src, src_bytes != 0); }
+using ::cp_async_commit;
+using ::cp_async_wait;
+#else
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
@@ -102,6 +107,7 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 // Wait until at most N of this thread's newest commit groups are pending.
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+#endif
 
 
 
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(lilac_fa::NT, 1)
     constexpr int LDS = G::LDS, QCPR = G::QCPR, KCPR = G::KCPR;
     pdl_wait();
 
-    extern __shared__ __align__(16) unsigned char fa_smem[];
+    LILAC_DYN_SMEM(unsigned char, fa_smem, 16);
     uint16_t *const Qh = reinterpret_cast<uint16_t *>(fa_smem);
     uint16_t *const Ql = reinterpret_cast<uint16_t *>(fa_smem + (QP - 1) * G::q_bytes); // (QP 1: unused)
     // K tile buffers [NB][BN][LDS], then V tile buffers [NB][BN][LDS] (bf16, as cached)
@@ -292,7 +298,7 @@ static inline cudaError_t attn_prefill_go(const float *qg, const __nv_bfloat16 *
     cudaError_t e = fa_smem_optin((const void *)k_attn_prefill<HD, QP>, sm, done);
     if (e != cudaSuccess) return e;
     const unsigned blocks = (unsigned)((T + lilac_fa::BM - 1) / lilac_fa::BM) * (unsigned)nh;
-    k_attn_prefill<HD, QP><<<blocks, lilac_fa::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
+    launch_ex(st, false, k_attn_prefill<HD, QP>, blocks, lilac_fa::NT, sm, qg, kc, vc, d_pos, T, nh, nkv, out);
     return cudaGetLastError();
 }
 template <int QP>
@@ -303,7 +309,7 @@ static inline cudaError_t attn_wg_go(const float *qg, const __nv_bfloat16 *kc, c
     cudaError_t e = fa_smem_optin((const void *)k_attn_wg<QP>, sm, done);
     if (e != cudaSuccess) return e;
     const unsigned blocks = (unsigned)((T + attn_wg::BM - 1) / attn_wg::BM) * (unsigned)nh;
-    k_attn_wg<QP><<<blocks, attn_wg::NT, sm, st>>>(qg, kc, vc, d_pos, T, nh, nkv, out);
+    launch_ex(st, false, k_attn_wg<QP>, blocks, attn_wg::NT, sm, qg, kc, vc, d_pos, T, nh, nkv, out);
     return cudaGetLastError();
 }
 

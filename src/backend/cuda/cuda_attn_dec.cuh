@@ -21,11 +21,7 @@
 // m16n8k16 MMA in their fragment maps) runs k_attn_dec_mma in CI: built with -DLILAC_CUEMU
 // (test_attn_dec_emu.cc). tests/cuda/test_attn.cu runs it on the GPU.
 #pragma once
-#ifdef LILAC_CUEMU
-#include "mma.h" // ldmatrix, movmatrix, mma.sync m16n8k16 bf16; pdl_*, cp.async (the emulator's cuda_runtime.h)
-#else
-#include "cuda_common.cuh"
-#endif
+#include "cuda_common.cuh" // (the emulator's mma.h: ldmatrix, movmatrix, mma.sync m16n8k16 bf16)
 #include "cuda_attn_wg.cuh" // attn_wg::split: a value pair as two bf16 pieces, as the prefill attention splits P
 
 // warp_norm_rope's math (cuda_attn_split.cuh) on one head whose values, gains and RoPE

@@ -9,6 +9,12 @@
 
 #include "cuda_reduce.cuh" // warp and block sums and maxima, argmax
 
+// Built by the CUDA emulator (make emu, tests/cuda/emu), the device helpers below written in
+// PTX come from the emulator's stand-ins (its cuda_runtime.h and mma.h); the rest is shared.
+#ifdef LILAC_CUEMU
+#include "mma.h"
+#else
+
 // Programmatic dependent launch (Hopper): kernels are launched so that they may
 // start while their predecessor finishes; pdl_wait() blocks until the
 // predecessor grid has completed and its writes are visible (a no-op when the
@@ -22,6 +28,9 @@ __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.lau
 // weights meanwhile (k_gdn_step, k_attn_dec_mma, k_attn_combine): decode is faster
 // when the next GEMV's weight loads overlap these short kernels (docs/perf.md).
 __device__ __forceinline__ void pdl_trigger_early() { pdl_trigger(); }
+// A launch's dynamic shared memory as an array of T, aligned to al bytes.
+#define LILAC_DYN_SMEM(T, name, al) extern __shared__ __align__(al) T name[]
+#endif
 
 // A launch on stream st, with programmatic stream serialization when pdl (see
 // above); coop: cooperative (every block resident at once, for a grid barrier, or an error).
@@ -58,6 +67,8 @@ static inline cudaError_t launch_coop(cudaStream_t st, bool pdl, void (*k)(P...)
 
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+#ifndef LILAC_CUEMU
 
 // Asynchronous global->shared copies (sm_80+) to a 32-bit shared-memory address (smem_u32):
 // `valid` false zero-fills the destination.
@@ -150,3 +161,4 @@ __device__ __forceinline__ unsigned long long gtimer() {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
+#endif

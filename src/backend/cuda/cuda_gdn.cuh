@@ -414,7 +414,7 @@ __global__ void __cluster_dims__(GDN_SPLIT, 1, 1) __launch_bounds__(512)
                const float *nw, float eps, float *o, const int *d_pos) {
     constexpr int dk = KPT * GDN_G;
     __shared__ float qs[dk], ks[dk], red[32], ss_blk;
-    extern __shared__ float part[]; // [GDN_G][cw], then v[cw]
+    LILAC_DYN_SMEM(float, part, 16); // [GDN_G][cw], then v[cw]
     pdl_trigger_early();
     cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
     const int rank = (int)cl.block_rank(), cw = dv / GDN_SPLIT, c0 = rank * cw;

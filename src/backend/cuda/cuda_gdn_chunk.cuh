@@ -58,13 +58,12 @@ __device__ unsigned long long gdc_tlb[GDC_TL_CHUNKS][GDC_TL_MARKS];
 #define GDC_MARKB(c, i) ((void)0)
 #endif
 
-#ifdef LILAC_CUEMU // the emulator's copies land at once; its mma.h stands in for the tensor cores
-#include "mma.h" // (pdl_wait and the cp.async stand-ins: the emulator's cuda_runtime.h)
-#define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
-#else
 #include <atomic>
 
-#include "cuda_common.cuh"
+#include "cuda_common.cuh" // (the emulator's copies land at once; its mma.h stands in for the tensor cores)
+#ifdef LILAC_CUEMU
+#define GDC_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
+#else
 #define GDC_SMEM(name) extern __shared__ __align__(128) float name[]
 #endif
 
@@ -562,7 +561,6 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
                                            const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
     cudaError_t e = cudaSuccess;
-#ifndef LILAC_CUEMU
     static std::atomic<unsigned long long> done{0};
     int dev = 0;
     e = cudaGetDevice(&dev);
@@ -576,7 +574,6 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_relaxed);
     }
-#endif
     const int nch = (T + gdc::L - 1) / gdc::L;
     const size_t nc = (size_t)nch * (size_t)Hv * gdc::L;
     float *U = scratch, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;

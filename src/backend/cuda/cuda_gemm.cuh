@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(256, 2) k_gemm_q(g4_job job, const __nv_bfloat
                                                 const int2 *tiles, const int *n_tiles, int x_div) {
     constexpr int QW = g4_geom<BITS>::QW, QLD = g4_geom<BITS>::QLD;
     constexpr bool I8 = g4_i8<BITS>::on;
-    extern __shared__ __align__(16) unsigned char g4_smem_raw[];
+    LILAC_DYN_SMEM(unsigned char, g4_smem_raw, 16);
     g4_stage<BITS> *st = (g4_stage<BITS> *)g4_smem_raw;
     __shared__ int xrow[G4_BN], yrow[G4_BN];
     pdl_wait();

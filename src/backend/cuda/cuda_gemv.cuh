@@ -3,12 +3,10 @@
 // layout of cuda_packed.cuh, and its launcher. Also built by the CUDA emulator
 // (tests/cuda/emu/test_gemv_emu.cc runs k_gemv on the CPU, in CI).
 #pragma once
+#include "cuda_common.cuh"
 #ifdef LILAC_CUEMU
-#include "cuda_runtime.h"
-#include "cuda_bf16.h"
 #define GEMV_SMEM(name) float *const name = reinterpret_cast<float *>(cuemu::dyn_smem)
 #else
-#include "cuda_common.cuh"
 #define GEMV_SMEM(name) extern __shared__ __align__(16) float name[]
 #endif
 #include "cuda_matrix.cuh"

@@ -126,7 +126,7 @@ static int up_mat(dmodel *D, const lilac_matrix *h, dmat *d, lilac_err *err, boo
     }
     D->allocs.push_back(pk);
     D->allocs.push_back(psb);
-    k_repack4<<<(unsigned)std::min<int64_t>((n + 255) / 256, 1 << 16), 256, 0, D->stream>>>(*d, rb, pk, psb);
+    launch_ex(D->stream, false, k_repack4, (unsigned)std::min<int64_t>((n + 255) / 256, 1 << 16), 256, 0, *d, rb, pk, psb);
     CKL();
     d->pk = pk;
     d->psb = psb;

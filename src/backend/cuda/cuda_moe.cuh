@@ -13,7 +13,7 @@
 // counts[e] += 1 per pick when counts is given.
 __global__ void k_topk(const float *logits, int E, int K, int norm, int *topi, float *topw, int *counts) {
     pdl_wait();
-    extern __shared__ float p[]; // [E]
+    LILAC_DYN_SMEM(float, p, 16); // [E]
     const int t = blockIdx.x, lane = threadIdx.x;
     const float *lg = logits + (int64_t)t * E;
     float mx = -INFINITY;

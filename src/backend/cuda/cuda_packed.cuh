@@ -156,7 +156,7 @@ __device__ __forceinline__ void moe_down_rows(const moe_dn_regs<MG> &R, int64_t 
 template <int MG>
 __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float *gu, const float *shgu, int64_t I,
                                                      const int *topi, const float *topw, const float *sg, int K, float *x) {
-    extern __shared__ __align__(16) uint4 msm[]; // per source: int8 pieces (I/4 uint4), {Σx, σ} per group (padded)
+    LILAC_DYN_SMEM(uint4, msm, 16); // per source: int8 pieces (I/4 uint4), {Σx, σ} per group (padded)
     __shared__ float part[8][MOE_KMAX + 1][17];
     __shared__ int ti[MOE_KMAX];
     __shared__ float tw[MOE_KMAX + 1];

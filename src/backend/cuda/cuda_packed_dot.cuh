@@ -3,11 +3,7 @@
 // the decode MoE kernels are made of, and the pieces the prefill GEMM's input is split
 // into. Also built by the CUDA emulator (tests/cuda/emu: its mma.h stands in for the MMA).
 #pragma once
-#ifdef LILAC_CUEMU
-#include "mma.h"
-#else
-#include "cuda_common.cuh"
-#endif
+#include "cuda_common.cuh" // (the emulator's mma.h stands in for the MMA)
 
 // An input value over its group's sigma (u = x / sigma, |u| <= 127) as three int8 pieces,
 // u ~ a + b/128 + c/16384: the integer-tensor-core input of the decode GEMV (pk_stage4)

@@ -205,7 +205,7 @@ static lilac_session *cuda_session_new(const lilac_model *m, int64_t max_seq, in
     if (ok) {
         int *d_on = nullptr, on = 0;
         if (cudaMalloc((void **)&d_on, sizeof(int)) == cudaSuccess) {
-            k_wg_probe<<<1, 1, 0, s->st>>>(d_on);
+            launch_ex(s->st, false, k_wg_probe, 1, 1, 0, d_on);
             wg_on = cudaGetLastError() == cudaSuccess &&
                     cudaMemcpyAsync(&on, d_on, sizeof(int), cudaMemcpyDeviceToHost, s->st) == cudaSuccess &&
                     cudaStreamSynchronize(s->st) == cudaSuccess && on == 1;

@@ -2,11 +2,7 @@
 // GEMV's and the decode MoE's prologues). Also built by the CUDA
 // emulator (tests/cuda/emu) for the decode MoE's test there.
 #pragma once
-#ifdef LILAC_CUEMU
-#include "cuda_runtime.h"
-#else
 #include "cuda_common.cuh"
-#endif
 
 // The router's top-k of one token by one warp, the probabilities in registers (E <= 32 * PL):
 // every round is a warp argmax by two redux instructions.

@@ -16,11 +16,9 @@
 // sm_90a only: elsewhere (WG_ON 0) the wrappers are empty and the kernels trap; the host
 // runs them only where k_wg_probe, compiled the same way, reports the wgmma build.
 #pragma once
-#ifdef LILAC_CUEMU
-#include <cuda_bf16.h>
-#include "wgmma.h"
-#else
 #include "cuda_common.cuh"
+#ifdef LILAC_CUEMU
+#include "wgmma.h"
 #endif
 
 #if defined(LILAC_CUEMU) || (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))

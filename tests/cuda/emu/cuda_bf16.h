@@ -29,3 +29,4 @@ template <typename F2 = struct float2>
 inline F2 __bfloat1622float2(__nv_bfloat162 h) {
     return F2{__bfloat162float(h.x), __bfloat162float(h.y)};
 }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }

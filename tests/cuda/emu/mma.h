@@ -22,10 +22,10 @@ namespace cuemu {
 struct mma_slots {
     float a[32][4], b[32][2], c[32][4];
 };
-inline std::vector<mma_slots> mma_ex; // one per warp of the running block
+inline thread_local std::vector<mma_slots> mma_ex; // one per warp of the running block
 inline float tf32_bits(uint32_t u) { return __uint_as_float(u & 0xffffe000u); }
 inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    const unsigned w = cur >> 5, lane = cur & 31;
     if (mma_ex.size() < warps.size()) mma_ex.resize(warps.size());
     mma_slots &s = mma_ex[w];
     for (int i = 0; i < 4; i++) s.a[lane][i] = tf32_bits(a[i]);
@@ -69,10 +69,10 @@ struct mma16_slots {
     uint32_t a[32][4], b[32][2], x[32];
     float c[32][4];
 };
-inline std::vector<mma16_slots> mma16_ex; // one per warp of the running block
+inline thread_local std::vector<mma16_slots> mma16_ex; // one per warp of the running block
 inline mma16_slots &mma16_my() {
     if (mma16_ex.size() < warps.size()) mma16_ex.resize(warps.size());
-    return mma16_ex[tid.x >> 5];
+    return mma16_ex[cur >> 5];
 }
 inline float b16_lo(uint32_t r) { return __uint_as_float(r << 16); }
 inline float b16_hi(uint32_t r) { return __uint_as_float(r & 0xFFFF0000u); }
@@ -84,7 +84,7 @@ inline uint16_t smem_b16(uint32_t addr) {
 } // namespace cuemu
 inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     using namespace cuemu;
-    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    const unsigned w = cur >> 5, lane = cur & 31;
     mma16_slots &s = mma16_my();
     for (int i = 0; i < 4; i++) s.a[lane][i] = a[i], s.c[lane][i] = d[i];
     s.b[lane][0] = b0;
@@ -114,7 +114,7 @@ inline void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_
 }
 inline void ldsm_x4_any(uint32_t (&r)[4], uint32_t addr, bool trans) {
     using namespace cuemu;
-    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    const unsigned w = cur >> 5, lane = cur & 31;
     mma16_slots &s = mma16_my();
     s.x[lane] = addr;
     arrive(warps[w].bar);
@@ -136,7 +136,7 @@ inline void ldsm_x4(uint32_t (&r)[4], uint32_t addr) { ldsm_x4_any(r, addr, fals
 inline void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) { ldsm_x4_any(r, addr, true); }
 inline uint32_t movmatrix_t(uint32_t x) {
     using namespace cuemu;
-    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    const unsigned w = cur >> 5, lane = cur & 31;
     mma16_slots &s = mma16_my();
     s.x[lane] = x;
     arrive(warps[w].bar);
@@ -157,12 +157,12 @@ namespace cuemu {
 struct imma_slots {
     uint32_t a[32][4], b[32][2];
 };
-inline std::vector<imma_slots> imma_ex; // one per warp of the running block
+inline thread_local std::vector<imma_slots> imma_ex; // one per warp of the running block
 inline int8_t s8_of(uint32_t r, int j) { return (int8_t)(uint8_t)(r >> (8 * j)); }
 } // namespace cuemu
 inline void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
     using namespace cuemu;
-    const unsigned w = tid.x >> 5, lane = tid.x & 31;
+    const unsigned w = cur >> 5, lane = cur & 31;
     if (imma_ex.size() < warps.size()) imma_ex.resize(warps.size());
     imma_slots &s = imma_ex[w];
     s.a[lane][0] = a0, s.a[lane][1] = a1, s.a[lane][2] = a2, s.a[lane][3] = a3;
@@ -188,4 +188,75 @@ inline void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t
         d[i] = acc;
     }
     arrive(warps[w].bar);
+}
+
+// nvcuda::wmma, bf16 16x16x16 with f32 accumulators (k_gemm_tc in src/backend/cuda/cuda_gemm_tc.cuh).
+// A fragment's layout across the warp is opaque to the program, so here every lane's A and B
+// fragments hold the whole 16x16 tile and an accumulator fragment holds elements 8 lane .. 8 lane + 7
+// of the 16x16 tile (row-major); mma_sync computes each lane's eight from the whole tiles, products
+// exact (bf16 x bf16) and summed in f32 in k order after the accumulator. load and store read and
+// write through the given leading dimension (in elements), as the PTX wmma.load/store do.
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    float x[256]; // the whole tile as f32 (bf16 values are exact in f32), row-major (M x K or K x N)
+    static constexpr int num_elements = 256;
+};
+template <int M, int N, int K>
+struct fragment<accumulator, M, N, K, float, void> {
+    float x[8];
+    static constexpr int num_elements = 8;
+};
+template <typename F>
+inline void fill_fragment(F &f, float v) {
+    for (int i = 0; i < F::num_elements; i++) f.x[i] = v;
+}
+// A (16 x 16) row-major: element (r, k) at p[r * ld + k]; B col-major: element (k, n) at p[n * ld + k].
+template <typename L>
+inline void load_matrix_sync(fragment<matrix_a, 16, 16, 16, __nv_bfloat16, L> &f, const __nv_bfloat16 *p, unsigned ld) {
+    static_assert(std::is_same<L, row_major>::value, "wmma stand-in: A row-major");
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) f.x[r * 16 + k] = __bfloat162float(p[(size_t)r * ld + k]);
+}
+template <typename L>
+inline void load_matrix_sync(fragment<matrix_b, 16, 16, 16, __nv_bfloat16, L> &f, const __nv_bfloat16 *p, unsigned ld) {
+    static_assert(std::is_same<L, col_major>::value, "wmma stand-in: B col-major");
+    for (int n = 0; n < 16; n++)
+        for (int k = 0; k < 16; k++) f.x[k * 16 + n] = __bfloat162float(p[(size_t)n * ld + k]);
+}
+template <typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c) {
+    const unsigned lane = cuemu::cur & 31;
+    float out[8];
+    for (int i = 0; i < 8; i++) {
+        const int e = (int)lane * 8 + i, r = e / 16, n = e % 16;
+        float s = c.x[i];
+        for (int k = 0; k < 16; k++) s += a.x[r * 16 + k] * b.x[k * 16 + n];
+        out[i] = s;
+    }
+    for (int i = 0; i < 8; i++) d.x[i] = out[i];
+}
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ld, layout_t l) {
+    const unsigned lane = cuemu::cur & 31;
+    for (int i = 0; i < 8; i++) {
+        const int e = (int)lane * 8 + i, r = e / 16, n = e % 16;
+        p[l == mem_row_major ? (size_t)r * ld + n : (size_t)n * ld + r] = f.x[i];
+    }
+    __syncwarp(); // the store is warp-collective: every lane's part lands before any lane goes on
+}
+} // namespace wmma
+} // namespace nvcuda
+
+// The same with C = 0 (imma_s8_z in src/backend/cuda/cuda_packed_dot.cuh).
+inline void imma_s8_z(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+    d[0] = d[1] = d[2] = d[3] = 0;
+    imma_s8(d, a0, a1, a2, a3, b0, b1);
 }

@@ -27,8 +27,8 @@ namespace cuemu {
 struct wg_slots {
     uint32_t a[128][4];
 };
-inline std::vector<wg_slots> wg_ex;    // one per warpgroup of the running block
-inline std::vector<barrier> wg_bar;
+inline thread_local std::vector<wg_slots> wg_ex;    // one per warpgroup of the running block
+inline thread_local std::vector<barrier> wg_bar;
 inline float bf16_bits(uint32_t u16) { return __uint_as_float(u16 << 16); }
 // The bf16 at swizzled shared address addr (before the swizzle).
 inline float wg_smem_bf16(uint32_t addr) {
@@ -47,11 +47,11 @@ inline void wg_desc_check(uint64_t desc) {
 // a: this thread's A fragment, or null for A from shared memory (K-major, adesc); tnsp_b: B MN-major.
 inline void wgmma_m64nNk16_bf16(float (&d)[32], int N, const uint32_t *a, uint64_t adesc, uint64_t bdesc, int accumulate,
                                 int tnsp_b) {
-    const unsigned grp = tid.x >> 7, l = tid.x & 127, nwg = bdim.x / 128;
+    const unsigned grp = cur >> 7, l = cur & 127, nwg = blockDim.x * blockDim.y * blockDim.z / 128;
     if (wg_ex.size() < nwg) wg_ex.resize(nwg);
     if (wg_bar.size() != nwg) wg_bar.assign(nwg, barrier{0, 128, 0});
-    if (bdim.x % 128) {
-        fprintf(stderr, "cuemu: wgmma in a block of %u threads (not whole warpgroups)\n", bdim.x);
+    if (blockDim.x % 128) {
+        fprintf(stderr, "cuemu: wgmma in a block of %u threads (not whole warpgroups)\n", blockDim.x);
         abort();
     }
     wg_desc_check(bdesc);
