@@ -64,7 +64,7 @@ for b in build/fuzz/fuzz_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b"); corpus=fuzz/corpus/${name#fuzz_}
     mkdir -p "$LOG/fuzzwork/$name"
-    run_suite "fuzz/$name" bash -c "'$b' -runs=${FUZZ_RUNS:-30000} -max_len=4096 '$LOG/fuzzwork/$name' '$corpus' && echo '1 passed, 0 failed'"
+    run_suite "fuzz/$name" bash -c "'$b' -runs=${FUZZ_RUNS:-30000} -max_total_time=${FUZZ_SECONDS:-60} -max_len=4096 '$LOG/fuzzwork/$name' '$corpus' && echo '1 passed, 0 failed'"
 done
 # CUDA kernels on the CPU, through the emulator of tests/cuda/emu (`make emu-tests`, g++ only; no GPU):
 #  - test_sample: the device sampler (src/backend/cuda/cuda_sample.cu), draw for draw against the host sampler;
