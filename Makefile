@@ -16,7 +16,7 @@ CPU_ARCH ?= -march=native
 OPT     ?= -O2 $(CPU_ARCH)
 WERROR  ?= -Werror
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra $(WERROR) -fopenmp -MMD -MP $(EXTRA_CFLAGS)
-LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -lm -lpthread -fopenmp
+LDLIBS  := -ljansson -lpcre2-8 -lutf8proc -lmicrohttpd -ledit -lm -lpthread -fopenmp
 
 COMMA   := ,
 BUILD   ?= build
@@ -50,12 +50,12 @@ TEST_BIN := $(patsubst tests/unit/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 CUDA_TEST_CU := $(wildcard tests/cuda/test_*.cu tests/cuda/bench_*.cu)
 CUDA_TEST_BIN := $(if $(CU_OBJ),$(BUILD)/cuda-tests/test_cuda $(patsubst tests/cuda/%.cu,$(BUILD)/cuda-tests/%,$(CUDA_TEST_CU)))
 
-.PHONY: all test fuzz asan clean deps run
+.PHONY: all test fuzz asan clean deps run emu-tests
 all: $(BUILD)/lilac $(TEST_BIN) $(CUDA_TEST_BIN)
 
 $(BUILD)/liblilac.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	ar rcs $@ $^
+	rm -f $@ && ar rcs $@ $^
 
 $(BUILD)/lilac: $(BUILD)/src/cli/main.o $(BUILD)/liblilac.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
@@ -72,13 +72,24 @@ $(BUILD)/cuda-tests/%: tests/cuda/%.cu $(BUILD)/liblilac.a
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
 
-# bench_gemv's build variants (cuda_gemv.cuh): the decode GEMV for three blocks per SM
-# (GEMV_MINB), and with marks inside its input staging (GEMV_STAGE_MARKS)
-$(BUILD)/cuda-tests/bench_gemv3: BENCH_DEFS := -DGEMV_MINB=3
-$(BUILD)/cuda-tests/bench_gemv_marks: BENCH_DEFS := -DGEMV_STAGE_MARKS
-$(BUILD)/cuda-tests/bench_gemv3 $(BUILD)/cuda-tests/bench_gemv_marks: tests/cuda/bench_gemv.cu $(BUILD)/liblilac.a
+# The CUDA emulator's tests (tests/cuda/emu): kernels of src/backend/cuda run on the CPU, built with g++
+# (no nvcc, no GPU); tests/run.sh runs them. test_sample_emu is tests/cuda/test_sample.cu, the GPU test's
+# source, on the emulator against the host sampler.
+EMU_CXX   ?= g++
+EMU_FLAGS := -std=c++20 -O1 -g -pthread -MMD -MP -Itests/cuda/emu -Isrc
+EMU_BIN   := $(patsubst tests/cuda/emu/%.cc,$(BUILD)/emu-tests/%,$(wildcard tests/cuda/emu/test_*_emu.cc)) \
+             $(BUILD)/emu-tests/test_sample_emu
+emu-tests: $(EMU_BIN)
+
+$(BUILD)/emu-tests/%: tests/cuda/emu/%.cc
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) $(BENCH_DEFS) -Isrc -o $@ $< $(BUILD)/liblilac.a $(filter-out -fopenmp -L% -lcudart_static,$(LDLIBS)) -Xcompiler -fopenmp
+	$(EMU_CXX) $(EMU_FLAGS) -DLILAC_CUEMU -x c++ $< -lm -o $@
+
+$(BUILD)/emu-tests/test_sample_emu: tests/cuda/test_sample.cu src/backend/cuda/cuda_sample.cu $(BUILD)/src/model/sampler.o \
+                                    $(BUILD)/src/util/common.o
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) $(EMU_FLAGS) -ffp-contract=off -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
+	    $(BUILD)/src/model/sampler.o $(BUILD)/src/util/common.o -lm -o $@
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -101,18 +112,21 @@ fuzz: $(FUZZ_BIN)
 build/fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang -std=c11 -D_GNU_SOURCE -O1 -g -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -fopenmp=libomp \
-	    -Isrc -o $@ $< $(filter src/model/%.c src/util/%.c,$(LIB_SRC)) $(LDLIBS:-fopenmp=-fopenmp=libomp)
+	    -Isrc -o $@ $< $(filter src/model/%.c src/util/%.c src/chat/content_part.c,$(LIB_SRC)) $(LDLIBS:-fopenmp=-fopenmp=libomp)
 
 deps:
 	bash tools/deps.sh
 
-# The main job: build, then run lilac on MODEL (or $$LILAC_MODEL).
+# The main job: build, then run lilac on MODEL (or $$LILAC_MODEL); without one, serve the
+# demo model (`lilac demo`, ARGS= passes it serve options, e.g. ARGS="--port 8080").
 MODEL ?= $(LILAC_MODEL)
 run:
 	bash tools/deps.sh --c-only
 	$(MAKE) $(BUILD)/lilac
-	@if [ -z "$(MODEL)" ]; then ./$(BUILD)/lilac info; exit 1; fi
-	./$(BUILD)/lilac info --model "$(MODEL)"
+	@if [ -z "$(MODEL)" ]; then \
+	    echo "make run: no MODEL= (or LILAC_MODEL): serving the demo model (random weights); make run MODEL=DIR runs the real one"; \
+	    exec ./$(BUILD)/lilac demo $(ARGS); fi; \
+	./$(BUILD)/lilac info --model "$(MODEL)" && \
 	./$(BUILD)/lilac generate --model "$(MODEL)" --prompt "Hello! Who are you?" --chat --no-thinking --max-tokens 32 --timing
 
 test: deps
@@ -124,4 +138,4 @@ test: deps
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(BUILD)/src/cli/main.d
+-include $(LIB_OBJ:.o=.d) $(BUILD)/src/cli/main.d $(EMU_BIN:=.d)

@@ -2,7 +2,8 @@
  * The input is a whole safetensors file image. It is parsed from an unaligned
  * copy (offset 1) into a set with one hand-built shard whose map is NULL,
  * then parsed a second time as another shard (exercises the merge and the
- * cross-shard duplicate check), the set's invariants are checked, and
+ * cross-shard duplicate check), the set's invariants (the tensors tile the
+ * data region) are checked, and
  * st_close frees everything. Any crash, leak, UB or broken invariant aborts. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(set.n_tensors == 0);
     } else {
         check_set(&set, buf, size);
+        /* the tensors tile the data region: their bytes add up to it exactly */
+        uint64_t hlen = 0, covered = 0;
+        for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+        for (int i = 0; i < set.n_tensors; i++) covered += set.tensors[i].nbytes;
+        REQUIRE(covered == size - 8 - hlen);
         int n = set.n_tensors;
         err.msg[0] = 0;
         rc = st_parse_buffer(&set, 1, buf, size, "fuzz-1.safetensors", &err);

@@ -9,7 +9,10 @@
  *   2: a messages JSON, rendered and tokenised the safe way.
  * The library sources are compiled in here (the Makefile's fuzz rule links
  * only src/model and src/util). Any crash, leak, UB or broken invariant aborts. */
-#include "tokenizer/tokenizer.c"
+#include "tokenizer/unicode.c"
+#include "tokenizer/load.c"
+#include "tokenizer/bpe.c"
+#include "tokenizer/encode.c"
 #include "tokenizer/detok.c"
 #include "chat/chat.c"
 

@@ -2,8 +2,8 @@
 # Runs every lilac test suite and ends with one line: "N passed, N failed".
 #  - C unit tests (tests/unit/test_*.c), plain build and ASan+UBSan build;
 #  - fuzz targets, a bounded run each over their seed corpus;
-#  - the device sampler's kernels on the CPU (CUDA emulator, tests/cuda/emu), and the chunked
-#    GDN prefill, the wgmma GEMM and attention, the decode attention and the decode MoE there too;
+#  - CUDA kernels on the CPU (the emulator of tests/cuda/emu, `make emu-tests`): the device sampler, the
+#    chunked GDN prefill, the wgmma GEMM and attention, the decode attention, GEMV and MoE;
 #  - Python suites against outside oracles (tests/**/test_*.py, pytest in .venv).
 # Each suite prints its own summary with "N passed" / "N failed"; this script adds them up.
 # A suite that crashes or prints no summary counts as one failure.
@@ -66,58 +66,31 @@ for b in build/fuzz/fuzz_*; do
     mkdir -p "$LOG/fuzzwork/$name"
     run_suite "fuzz/$name" bash -c "'$b' -runs=${FUZZ_RUNS:-30000} -max_len=4096 '$LOG/fuzzwork/$name' '$corpus' && echo '1 passed, 0 failed'"
 done
-# The device sampler's kernels (src/backend/cuda/cuda_sample.cu) on the CPU, through the
-# CUDA emulator of tests/cuda/emu: draw for draw against the host sampler, without a GPU.
-if require "emu/g++" command -v g++ && [ -f build/src/engine/sampler.o ]; then
-    run_suite "emu/test_sample" bash -c "g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none \
-        build/src/engine/sampler.o build/src/util/common.o -lm -o build/test_sample_emu && \
-        CUEMU_MAX_THREADS=128 build/test_sample_emu --quick"
-fi
-# The chunked GDN prefill (src/backend/cuda/cuda_gdn_chunk.cuh) on the same emulator, with its
-# stand-in for the tf32 mma.sync (emu/mma.h): against the serial delta rule in double.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_gdn_chunk" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_gdn_chunk_emu.cc -lm -o build/test_gdn_chunk_emu && build/test_gdn_chunk_emu"
-fi
-# The 4-bit prefill GEMM on wgmma (src/backend/cuda/cuda_gemm_wg.cuh) on the same emulator, with
-# its stand-in for wgmma.mma_async (emu/wgmma.h): against the dequantised product in double; the
-# second run resumes the threads in a random order after each barrier.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_gemm_wg" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_gemm_wg_emu.cc -lm -o build/test_gemm_wg_emu && build/test_gemm_wg_emu && \
-        CUEMU_SHUFFLE=1 build/test_gemm_wg_emu"
-fi
-# The prefill attention on wgmma (src/backend/cuda/cuda_attn_wg.cuh) on the same emulator: against
-# causal gated attention in double, both precisions; again with the threads resumed in random order.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_attn_wg" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_attn_wg_emu.cc -lm -o build/test_attn_wg_emu && build/test_attn_wg_emu && \
-        CUEMU_SHUFFLE=1 build/test_attn_wg_emu"
-fi
-# The decode attention on the tensor cores (src/backend/cuda/cuda_attn_dec.cuh) on the same emulator,
-# with its stand-ins for ldmatrix, movmatrix and the bf16 mma.sync (emu/mma.h): against one token's
-# attention in double; again with the threads resumed in random order.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_attn_dec" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_attn_dec_emu.cc -lm -o build/test_attn_dec_emu && build/test_attn_dec_emu && \
-        CUEMU_SHUFFLE=1 build/test_attn_dec_emu"
-fi
-# The decode GEMV (k_gemv, src/backend/cuda/cuda_gemv.cuh) on the same emulator, with its stand-ins for
-# the s8 mma.sync, the bulk copies and the mbarriers' phases: against the products in double from the
-# same codes, and pk_stage4's bytes against its layout; again with the threads resumed in random order.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_gemv" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu && \
-        build/test_gemv_emu && CUEMU_SHUFFLE=1 build/test_gemv_emu"
-fi
-# The decode MoE (k_moe_split, src/backend/cuda/cuda_moe_dec.cuh) on the same emulator, with its
-# stand-in for the s8 mma.sync (emu/mma.h): against one token's MoE in double from the same codes,
-# the packed layout made here; again with the threads resumed in random order.
-if command -v g++ >/dev/null; then
-    run_suite "emu/test_moe_split" bash -c "g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc \
-        -x c++ tests/cuda/emu/test_moe_split_emu.cc -lm -o build/test_moe_split_emu && build/test_moe_split_emu && \
-        CUEMU_SHUFFLE=1 build/test_moe_split_emu"
+# CUDA kernels on the CPU, through the emulator of tests/cuda/emu (`make emu-tests`, g++ only; no GPU):
+#  - test_sample: the device sampler (src/backend/cuda/cuda_sample.cu), draw for draw against the host sampler;
+#  - test_gdn_chunk: the chunked GDN prefill (cuda_gdn_chunk.cuh; the tf32 mma.sync's stand-in, emu/mma.h)
+#    against the serial delta rule in double;
+#  - test_gemm_wg: the 4-bit prefill GEMM on wgmma (cuda_gemm_wg.cuh; emu/wgmma.h) against the dequantised
+#    product in double;
+#  - test_attn_wg: the prefill attention on wgmma (cuda_attn_wg.cuh) against causal gated attention in double,
+#    both precisions;
+#  - test_attn_dec: the decode attention (cuda_attn_dec.cuh; ldmatrix, movmatrix and the bf16 mma.sync)
+#    against one token's attention in double;
+#  - test_gemv: the decode GEMV (k_gemv, cuda_gemv.cuh; the s8 mma.sync, bulk copies and mbarrier phases)
+#    against the products in double from the same codes, and pk_stage4's bytes against its layout;
+#  - test_moe_split: the decode MoE (k_moe_split, cuda_moe_dec.cuh) against one token's MoE in double.
+# All but test_sample and test_gdn_chunk run twice, the second time with the threads resumed in a random
+# order after each barrier (CUEMU_SHUFFLE=1).
+if require "emu/g++" command -v g++; then
+    run_suite "emu/build" bash -c "make -s -j\"${EMU_JOBS:-2}\" emu-tests && echo '1 passed, 0 failed'"
+    if grep -q '^1 passed, 0 failed$' "$LOG/emu_build.log"; then  # (a failed build: no stale binary runs)
+        E=build/emu-tests
+        run_suite "emu/test_sample" env CUEMU_MAX_THREADS=128 $E/test_sample_emu --quick
+        run_suite "emu/test_gdn_chunk" $E/test_gdn_chunk_emu
+        for t in gemm_wg attn_wg attn_dec gemv moe_split; do
+            run_suite "emu/test_$t" bash -c "$E/test_${t}_emu && CUEMU_SHUFFLE=1 $E/test_${t}_emu"
+        done
+    fi
 fi
 if require "py/.venv" test -x .venv/bin/python; then
     for t in $(find tests -name 'test_*.py' | sort); do
@@ -129,6 +102,10 @@ if require "py/.venv" test -x .venv/bin/python; then
         run_suite "asan-py/oracle-tiny" env LILAC=build/asan/lilac LILAC_ORACLE_CASES=tiny \
             ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
             .venv/bin/python -m pytest -q -p no:cacheprovider tests/oracle/test_model_vs_mlx.py tests/cli/test_quantize_at_load.py
+        # The network-facing server under AddressSanitizer + UBSan: the whole server suite again.
+        run_suite "asan-py/server" env LILAC=build/asan/lilac \
+            ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+            .venv/bin/python -m pytest -q -p no:cacheprovider tests/server
     fi
 fi
 echo "$TOTAL_P passed, $TOTAL_F failed"

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS="build-essential clang libclang-rt-14-dev libomp-dev libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev python3-venv"
+PKGS="build-essential clang libclang-rt-14-dev libomp-dev libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libedit-dev python3-venv"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -98,6 +98,10 @@ typedef struct {
     double (*route_regret)(const lilac_session *s, int64_t *differ);
     /* Bytes of one cached K or V element (f32 on the CPU, bf16 on the GPU): `lilac bench`'s decode roofline. */
     int kv_bytes;
+    /* Optional (NULL where there is no choice: the CPU backend computes attention in f32): the
+     * attention's precision for the session's later prefills, `--attn-precision`: false (f32, the
+     * default) or true (bf16 pieces of the scores' and weights' operands, as FlashAttention). */
+    void (*set_attn_bf16)(lilac_session *s, bool on);
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

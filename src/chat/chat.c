@@ -339,28 +339,6 @@ typedef struct {
 
 static int tmpl_raise(render_ctx *c, const char *msg) { return lilac_fail(c->err, "%s", msg); }
 
-/* jinja `'name' in item` for one content part */
-static int part_has(const json_t *item, const char *name, bool *yes) {
-    if (json_is_object(item)) *yes = json_object_get(item, name) != NULL;
-    else if (json_is_string(item))
-        *yes = memmem(json_string_value(item), json_string_length(item), name, strlen(name)) != NULL;
-    else if (json_is_array(item)) {
-        *yes = false;
-        for (size_t i = 0; i < json_array_size(item); i++) {
-            const json_t *x = json_array_get(item, i);
-            if (json_is_string(x) && json_string_length(x) == strlen(name) && !strcmp(json_string_value(x), name))
-                *yes = true;
-        }
-    } else
-        return -1;
-    return 0;
-}
-
-static bool part_type_is(const json_t *item, const char *type) {
-    const json_t *v = json_is_object(item) ? json_object_get(item, "type") : NULL;
-    return v && json_is_string(v) && json_string_length(v) == strlen(type) && !strcmp(json_string_value(v), type);
-}
-
 /* macro render_content(content, do_vision_count, is_system_content) */
 static int render_content(render_ctx *c, const json_t *content, bool do_vision_count, bool is_system, tstr *out) {
     if (!content || json_is_null(content)) return 0;
@@ -371,11 +349,11 @@ static int render_content(render_ctx *c, const json_t *content, bool do_vision_c
     if (!json_is_array(content)) return tmpl_raise(c, "Unexpected content type.");
     for (size_t i = 0; i < json_array_size(content); i++) {
         const json_t *item = json_array_get(content, i);
-        bool img, img_url, vid, txt;
-        if (part_has(item, "image", &img))
-            return lilac_fail(c->err, "content part %zu: expected an object or a string", i);
-        part_has(item, "image_url", &img_url);
-        if (img || img_url || part_type_is(item, "image")) {
+        lilac_part_kind k = lilac_content_part_kind(item);
+        if (k == LILAC_PART_INVALID) return lilac_fail(c->err, "content part %zu: expected an object or a string", i);
+        if ((k == LILAC_PART_IMAGE || k == LILAC_PART_VIDEO) && c->o->text_only)
+            return lilac_fail(c->err, "content part %zu: image and video parts are not supported (text only)", i);
+        if (k == LILAC_PART_IMAGE) {
             if (is_system) return tmpl_raise(c, "System message cannot contain images.");
             if (do_vision_count) c->image_count++;
             if (c->o->add_vision_id) {
@@ -386,8 +364,7 @@ static int render_content(render_ctx *c, const json_t *content, bool do_vision_c
             ts_lit(out, "<|vision_start|><|image_pad|><|vision_end|>");
             continue;
         }
-        part_has(item, "video", &vid);
-        if (vid || part_type_is(item, "video")) {
+        if (k == LILAC_PART_VIDEO) {
             if (is_system) return tmpl_raise(c, "System message cannot contain videos.");
             if (do_vision_count) c->video_count++;
             if (c->o->add_vision_id) {
@@ -398,8 +375,7 @@ static int render_content(render_ctx *c, const json_t *content, bool do_vision_c
             ts_lit(out, "<|vision_start|><|video_pad|><|vision_end|>");
             continue;
         }
-        part_has(item, "text", &txt);
-        if (txt) {
+        if (k == LILAC_PART_TEXT) {
             const json_t *v = json_is_object(item) ? json_object_get(item, "text") : NULL;
             if (v) py_str(out, v); /* a string part's .text is undefined: nothing */
             continue;

@@ -33,12 +33,14 @@
 
 #include "../tokenizer/tokenizer.h"
 #include "../util/common.h"
+#include "content_part.h"
 
 typedef struct {
     bool add_generation_prompt; /* default true: end with "<|im_start|>assistant\n<think>\n" */
     bool enable_thinking;       /* default true; false: "<think>\n\n</think>\n\n" after the header */
     bool preserve_thinking;     /* default false; true: keep every assistant turn's thinking */
     bool add_vision_id;         /* default false; "Picture N: " / "Video N: " before media */
+    bool text_only;             /* default false; true: an image or video part is an error (the server) */
 } lilac_chat_opts;
 
 void lilac_chat_opts_default(lilac_chat_opts *o);

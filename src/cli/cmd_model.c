@@ -7,20 +7,23 @@
 
 #include "../backend/backend.h"
 #include "../chat/chat.h"
+#include "../model/safetensors.h"
 #include "../tokenizer/tokenizer.h"
 #include "../util/npy.h"
 #include "commands.h"
 
 /* Options every model command shares. */
 typedef struct {
-    const char *model, *backend;
+    const char *model, *backend, *attn_precision;
     long threads;
     bool quantize; /* HF bf16 checkpoint: quantize in memory at load, as `lilac convert` would */
+    bool attn_bf16; /* --attn-precision bf16 (set by open_model) */
 } model_opts;
 
 static bool common_opt(int argc, char **argv, int *i, model_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
-           opt_int(argc, argv, i, "--threads", &o->threads) || opt_flag(argc, argv, i, "--quantize", &o->quantize);
+           opt_range(argc, argv, i, "--threads", 1, OPT_MAX_THREADS, &o->threads) || opt_flag(argc, argv, i, "--quantize", &o->quantize) ||
+           opt_str(argc, argv, i, "--attn-precision", &o->attn_precision);
 }
 
 static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lilac_backend **be) {
@@ -30,6 +33,11 @@ static void open_model(const char *cmd, model_opts *o, lilac_model *m, const lil
                   "or Qwen/Qwen3.6-35B-A3B directory)", cmd);
     lilac_err err = {{0}};
     if (be && !(*be = lilac_backend_get(o->backend, &err))) lilac_die("%s", err.msg);
+    if (be) {
+        const int bf16 = opt_attn_bf16(cmd, o->attn_precision, (*be)->set_attn_bf16 != NULL, &err);
+        if (bf16 < 0) lilac_die("%s", err.msg);
+        o->attn_bf16 = bf16 == 1;
+    }
     if (o->threads < 0) lilac_die("--threads must be positive");
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(m, o->model, &err) < 0) lilac_die("%s", err.msg);
@@ -119,6 +127,7 @@ int cmd_logits(int argc, char **argv) {
     open_model("logits", &o, &m, &be);
     lilac_session *s = be->session_new(&m, n, (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
+    if (o.attn_bf16) be->set_attn_bf16(s, true);
     float *logits = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.vocab);
     /* --routes: the experts each layer picked for each token, [n_layers][n][top_k] int32 (-1 where the
      * backend did not record), so that an outside oracle can replay this run's routing
@@ -218,7 +227,7 @@ int cmd_generate(int argc, char **argv) {
         if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
             !opt_str(argc, argv, &i, "--prompt", &text) && !opt_flag(argc, argv, &i, "--chat", &chat) &&
             !opt_flag(argc, argv, &i, "--no-thinking", &no_think) &&
-            !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
+            !opt_range(argc, argv, &i, "--max-tokens", 0, 1L << 24, &max_tokens) && !opt_flag(argc, argv, &i, "--ignore-eos", &ignore_eos) &&
             !opt_flag(argc, argv, &i, "--timing", &timing))
             opt_unknown("generate", argv[i]);
     if (!ids_s == !text)
@@ -235,6 +244,7 @@ int cmd_generate(int argc, char **argv) {
     if (n < 0) lilac_die("%s", err.msg);
     lilac_session *s = be->session_new(&m, n + max_tokens + 1, (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
+    if (o.attn_bf16) be->set_attn_bf16(s, true);
     float *logits = xmalloc(sizeof(float) * (size_t)m.cfg.vocab);
     double t0 = lilac_now();
     if (be->forward(s, ids, n, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
@@ -250,6 +260,8 @@ int cmd_generate(int argc, char **argv) {
             be->decode_greedy(s, first, (int)max_tokens - 1, on_token, &g, &err) < 0)
             lilac_die("%s", err.msg);
     }
+    char dmg[512];
+    if (st_damaged(dmg, sizeof dmg)) lilac_die("generate: %s was truncated or rewritten while it ran", dmg);
     if (g.detok) {
         const char *out;
         size_t len;

@@ -1,13 +1,18 @@
 /* cmd_serve.c — `lilac serve` (the OpenAI-compatible server), `lilac demo`
  * (build the small random demo model once, then serve it) and `lilac chat`
  * (an interactive terminal chat on the same engine). */
+#include <ctype.h>
 #include <omp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <editline/readline.h>
 
 #include "../chat/chat.h"
 #include "../engine/engine.h"
@@ -15,6 +20,7 @@
 #include "../server/outparse.h"
 #include "../server/request.h"
 #include "../server/server.h"
+#include "../util/log.h"
 #include "commands.h"
 
 static const char NO_MODEL[] =
@@ -24,7 +30,7 @@ static const char NO_MODEL[] =
     "  To try the API without it: `lilac demo` serves a small random-weight model (gibberish text).";
 
 typedef struct {
-    const char *model, *backend;
+    const char *model, *backend, *attn_precision;
     long threads, max_seq, parallel, queue, prefill_chunk;
     const char *cache_mb, *snapshot_every; /* NULL: defaults */
 } engine_opts;
@@ -33,19 +39,27 @@ typedef struct {
     lilac_model m;
     lilac_tokenizer *tok;
     lilac_engine *eng;
+    const lilac_backend *be;
     int32_t *eos;
     int n_eos;
     lilac_sampling defaults;
     unsigned defaults_set;
     int64_t max_seq;
+    int n_slots;
+    double load_s;      /* open + read the weights + start the engine */
+    char where[256];    /* backend and device */
+    char context[640];  /* the context decision, with its memory arithmetic */
 } loaded;
 
 static bool engine_opt(int argc, char **argv, int *i, engine_opts *o) {
     return opt_str(argc, argv, i, "--model", &o->model) || opt_str(argc, argv, i, "--backend", &o->backend) ||
-           opt_int(argc, argv, i, "--threads", &o->threads) || opt_int(argc, argv, i, "--max-seq", &o->max_seq) ||
-           opt_int(argc, argv, i, "--parallel", &o->parallel) || opt_int(argc, argv, i, "--queue", &o->queue) ||
-           opt_int(argc, argv, i, "--prefill-chunk", &o->prefill_chunk) ||
-           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every);
+           opt_range(argc, argv, i, "--threads", 1, OPT_MAX_THREADS, &o->threads) ||
+           opt_range(argc, argv, i, "--max-seq", 1, 1L << 30, &o->max_seq) ||
+           opt_range(argc, argv, i, "--parallel", 1, 64, &o->parallel) ||
+           opt_range(argc, argv, i, "--queue", 1, 1L << 20, &o->queue) ||
+           opt_range(argc, argv, i, "--prefill-chunk", 1, 1L << 20, &o->prefill_chunk) ||
+           opt_str(argc, argv, i, "--cache-mb", &o->cache_mb) || opt_str(argc, argv, i, "--snapshot-every", &o->snapshot_every) ||
+           opt_str(argc, argv, i, "--attn-precision", &o->attn_precision);
 }
 
 static void add_eos(loaded *L, int32_t id) {
@@ -56,12 +70,187 @@ static void add_eos(loaded *L, int32_t id) {
     L->eos[L->n_eos++] = id;
 }
 
+/* ---- loading ------------------------------------------------------------------- */
+
+#ifdef LILAC_CUDA
+/* Two of the CUDA runtime's C entry points (cudart is linked with the CUDA backend). */
+int cudaMemGetInfo(size_t *free_b, size_t *total_b);
+int cudaDeviceGetPCIBusId(char *bus, int len, int device);
+/* Device 0's name (the driver's /proc entry for its PCI address) and memory. */
+static bool gpu_info(char *name, size_t cap, double *free_b, double *total_b) {
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != 0) return false;
+    *free_b = (double)fr;
+    *total_b = (double)tot;
+    char bus[64] = "", path[160], line[256];
+    snprintf(name, cap, "GPU 0");
+    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, 0) != 0) return true;
+    for (char *p = bus; *p; p++) *p = (char)tolower((unsigned char)*p);
+    snprintf(name, cap, "GPU 0 (%s)", bus);
+    snprintf(path, sizeof path, "/proc/driver/nvidia/gpus/%s/information", bus);
+    FILE *f = fopen(path, "r");
+    if (!f) return true;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Model:", 6)) {
+            char *m = line + 6;
+            while (*m == ' ' || *m == '\t') m++;
+            m[strcspn(m, "\n")] = 0;
+            snprintf(name, cap, "%s", m);
+        }
+    fclose(f);
+    return true;
+}
+#endif
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+
+static double file_bytes(const lilac_model *m) {
+    double n = 0;
+    for (int i = 0; i < m->st.n_shards; i++) n += (double)m->st.shards[i].size;
+    return n;
+}
+
+/* Read every page of the weights now, with progress (a bar on a terminal, a line
+ * per tenth otherwise for large checkpoints): the mapping is lazy, and the first
+ * request should not pay for the disk. */
+static void read_weights(const char *cmd, const lilac_model *m) {
+    const double total = file_bytes(m);
+    const bool tty = isatty(2);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), step = (size_t)64 << 20;
+    double done = 0, t0 = lilac_now(), shown = -1;
+    unsigned sink = 0;
+    for (int i = 0; i < m->st.n_shards; i++) {
+        const st_shard *sh = &m->st.shards[i];
+        for (size_t off = 0; off < sh->size; off += step) {
+            size_t n = sh->size - off < step ? sh->size - off : step;
+            const volatile unsigned char *p = (const unsigned char *)sh->map + off;
+            madvise((void *)(uintptr_t)p, n, MADV_WILLNEED);
+            for (size_t k = 0; k < n; k += page) sink += p[k];
+            done += (double)n;
+            double frac = total > 0 ? done / total : 1;
+            if (tty && lilac_now() - t0 > 0.2 && frac - shown >= 0.005) {
+                int w = (int)(frac * 30);
+                fprintf(stderr, "\rlilac %s: reading weights [%.*s%*s] %3.0f%% %.1f of %.1f GB", cmd, w,
+                        "##############################", 30 - w, "", 100 * frac, done / 1e9, total / 1e9);
+                shown = frac;
+            } else if (!tty && total > 1e9 && (int)(frac * 10) > (int)(shown * 10)) {
+                fprintf(stderr, "lilac %s: reading weights: %.0f%% (%.1f of %.1f GB)\n", cmd, 100 * frac, done / 1e9, total / 1e9);
+                shown = frac;
+            }
+        }
+    }
+    if (tty && shown >= 0) fputs("\n", stderr);
+    (void)sink;
+}
+
+/* Host memory a new allocation may take: the least of MemAvailable (less the
+ * weights, whose pages it counts as reclaimable), the cgroup's limit and the
+ * address-space limit (ulimit -v). < 0: unknown. */
+static double host_free(double weights) {
+    double best = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) best = (double)kb * 1024.0 - weights;
+        fclose(f);
+    }
+    if (best < 0 && best != -1) best = 0;
+    double lim = -1, cur = 0;
+    f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long v;
+        if (fscanf(f, "%llu", &v) == 1) lim = (double)v;
+        fclose(f);
+    }
+    f = fopen("/sys/fs/cgroup/memory.current", "r");
+    if (f) {
+        unsigned long long v;
+        if (fscanf(f, "%llu", &v) == 1) cur = (double)v;
+        fclose(f);
+    }
+    if (lim >= 0 && (best < 0 || lim - cur < best)) best = lim - cur > 0 ? lim - cur : 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        double vm = 0;
+        f = fopen("/proc/self/status", "r");
+        if (f) {
+            char line[256];
+            unsigned long long kb;
+            while (fgets(line, sizeof line, f))
+                if (sscanf(line, "VmSize: %llu kB", &kb) == 1) vm = (double)kb * 1024.0;
+            fclose(f);
+        }
+        double room = (double)rl.rlim_cur - vm;
+        if (best < 0 || room < best) best = room > 0 ? room : 0;
+    }
+    return best;
+}
+
+/* The context per slot: --max-seq (at most the model's max_position_embeddings),
+ * else the model's own unless the KV cache and recurrent state of every slot at
+ * that length do not fit the free memory (device memory for the GPU backend):
+ * then the most that fits, in steps of 1024. The arithmetic goes to L->context. */
+static int choose_context(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) {
+    const lilac_config *c = &L->m.cfg;
+    const int64_t max_pos = c->max_pos;
+    if (o->max_seq > max_pos)
+        return lilac_fail(err, "%s: --max-seq %ld exceeds the model's context: max_position_embeddings is %lld", cmd,
+                          o->max_seq, (long long)max_pos);
+    int n_full = 0;
+    for (int l = 0; l < c->n_layers; l++) n_full += c->is_full[l];
+    const double per_tok = (double)n_full * 2.0 * c->n_kv_heads * c->head_dim * L->be->kv_bytes;
+    const double state = (double)(c->n_layers - n_full) *
+                         ((double)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim + (double)(c->conv_kernel - 1) * cfg_conv_dim(c)) * 4.0;
+    const int slots = L->n_slots;
+    double avail = -1;
+    const char *mem = "host memory";
+    const double weights = file_bytes(&L->m);
+#ifdef LILAC_CUDA
+    char gpu[256];
+    double gfree, gtot;
+    if (!strcmp(L->be->name, "cuda") && gpu_info(gpu, sizeof gpu, &gfree, &gtot)) {
+        avail = gfree - weights - GIB; /* weights go up at the engine's start; 1 GiB for its work buffers */
+        if (avail < 0) avail = 0;
+        mem = "GPU memory";
+    } else
+#endif
+        avail = host_free(weights);
+    const double budget = 0.9 * avail;
+    int64_t ctx = o->max_seq ? o->max_seq : max_pos;
+    double need = slots * (state + (double)ctx * per_tok);
+    if (!o->max_seq && avail >= 0 && need > budget) {
+        double fit = (budget / slots - state) / per_tok;
+        int64_t fitted = fit > 0 ? ((int64_t)fit / 1024) * 1024 : 0;
+        if (fitted < 1024)
+            return lilac_fail(err, "%s: not enough memory for even 1024 tokens of context per slot: %.2f GiB of %s free "
+                                   "for %d slot(s) of %.2f GiB state + %.1f KiB per token; lower --parallel",
+                              cmd, avail / GIB, mem, slots, state / GIB, per_tok / 1024);
+        snprintf(L->context, sizeof L->context,
+                 "context %lld tokens per slot, not the model's %lld: its KV cache and state would take %.2f GiB per slot x "
+                 "%d slot(s) = %.2f GiB, more than the %.2f GiB of %s free (90%% of it is used); --max-seq sets it",
+                 (long long)fitted, (long long)max_pos, (state + max_pos * per_tok) / GIB, slots, need / GIB, avail / GIB, mem);
+        ctx = fitted;
+        need = slots * (state + (double)ctx * per_tok);
+    } else {
+        char freebuf[96] = "";
+        if (avail >= 0) snprintf(freebuf, sizeof freebuf, ", of %.2f GiB %s free", avail / GIB, mem);
+        snprintf(L->context, sizeof L->context, "context %lld tokens per slot%s, %d slot(s): KV cache and state %.2f GiB per slot, %.2f GiB in all%s",
+                 (long long)ctx, o->max_seq ? " (--max-seq)" : ctx == max_pos ? " (the model's maximum)" : "", slots,
+                 (state + ctx * per_tok) / GIB, need / GIB, freebuf);
+        if (o->max_seq && avail >= 0 && need > budget)
+            lilac_log(LOG_WARN, cmd, "--max-seq %lld: the KV cache of %d slot(s) at full length (%.2f GiB) exceeds the free %s (%.2f GiB)",
+                      (long long)ctx, slots, need / GIB, mem, avail / GIB);
+    }
+    L->max_seq = ctx;
+    return 0;
+}
+
 /* Load model, tokenizer and generation defaults; start the engine. */
 static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) {
     memset(L, 0, sizeof *L);
-    if (o->threads < 0) return lilac_fail(err, "%s: --threads must be positive", cmd);
-    if (o->parallel < 0 || o->parallel > 64) return lilac_fail(err, "%s: --parallel must be in 1..64", cmd);
-    if (o->max_seq < 0) return lilac_fail(err, "%s: --max-seq must be positive", cmd);
+    double t0 = lilac_now();
     double cache_mb = 2048;
     long every = 256;
     if (o->cache_mb) {
@@ -78,6 +267,9 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     }
     const lilac_backend *be = lilac_backend_get(o->backend, err);
     if (!be) return -1;
+    L->be = be;
+    const int attn_bf16 = opt_attn_bf16(cmd, o->attn_precision, be->set_attn_bf16 != NULL, err);
+    if (attn_bf16 < 0) return -1;
     if (o->threads > 0) omp_set_num_threads((int)o->threads);
     if (lilac_model_load(&L->m, o->model, err) < 0) {
         memset(&L->m, 0, sizeof L->m);
@@ -95,15 +287,16 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
     add_eos(L, L->m.cfg.eos_id);
     add_eos(L, lilac_tok_added_id(L->tok, "<|im_end|>"));
     add_eos(L, lilac_tok_added_id(L->tok, "<|endoftext|>"));
-    int64_t ms = o->max_seq ? o->max_seq : 32768;
-    if (ms > L->m.cfg.max_pos) ms = L->m.cfg.max_pos;
-    L->max_seq = ms;
+    L->n_slots = o->parallel ? (int)o->parallel : 1;
+    if (choose_context(cmd, o, L, err) < 0) return -1;
+    read_weights(cmd, &L->m);
     eng_config ec = {.be = be,
                      .model = &L->m,
                      .tok = L->tok,
-                     .max_seq = ms,
+                     .max_seq = L->max_seq,
                      .threads = (int)o->threads,
-                     .n_slots = o->parallel ? (int)o->parallel : 1,
+                     .attn_bf16 = attn_bf16 == 1,
+                     .n_slots = L->n_slots,
                      .queue_max = o->queue > 0 ? (int)o->queue : 64,
                      .prefill_chunk = o->prefill_chunk > 0 ? (int)o->prefill_chunk : 128,
                      .snapshot_every = (int)every,
@@ -112,7 +305,32 @@ static int load_all(const char *cmd, engine_opts *o, loaded *L, lilac_err *err) 
                      .eos = L->eos,
                      .n_eos = L->n_eos};
     L->eng = eng_new(&ec, err);
-    return L->eng ? 0 : -1;
+    if (!L->eng) return -1;
+    L->load_s = lilac_now() - t0;
+    int th = o->threads > 0 ? (int)o->threads : omp_get_max_threads();
+    snprintf(L->where, sizeof L->where, "backend cpu, %d thread%s", th, th == 1 ? "" : "s");
+#ifdef LILAC_CUDA
+    char gpu[256];
+    double gfree, gtot;
+    if (!strcmp(be->name, "cuda") && gpu_info(gpu, sizeof gpu, &gfree, &gtot))
+        snprintf(L->where, sizeof L->where, "backend cuda on %.160s: %.1f of %.1f GiB used", gpu, (gtot - gfree) / GIB, gtot / GIB);
+#endif
+    return 0;
+}
+
+/* What was loaded, where, and with what context: the start-up lines. */
+static void print_loaded(const char *cmd, const engine_opts *o, const loaded *L) {
+    const lilac_config *c = &L->m.cfg;
+    int n_full = 0;
+    for (int l = 0; l < c->n_layers; l++) n_full += c->is_full[l];
+    char fmt[64];
+    if (L->m.layout == LAYOUT_MLX) snprintf(fmt, sizeof fmt, "MLX %d-bit, group %d", c->q_bits, c->q_group);
+    else snprintf(fmt, sizeof fmt, "HF bf16");
+    const double bytes = file_bytes(&L->m);
+    fprintf(stderr, "lilac %s: loaded %s (%s, %d layers of which %d attention, %d experts, %.*f %s) in %.2f s\n", cmd, o->model,
+            fmt, c->n_layers, n_full, c->n_experts, bytes < 1e9 ? 1 : 2, bytes < 1e9 ? bytes / 1e6 : bytes / 1e9, bytes < 1e9 ? "MB" : "GB", L->load_s);
+    fprintf(stderr, "lilac %s: %s\n", cmd, L->where);
+    fprintf(stderr, "lilac %s: %s\n", cmd, L->context);
 }
 
 static void unload(loaded *L) {
@@ -124,43 +342,103 @@ static void unload(loaded *L) {
 
 /* ---- serve ---------------------------------------------------------------------- */
 
+/* The API keys: comma-separated, each trimmed of surrounding blanks; an empty key
+ * (an empty --api-key or $LILAC_API_KEY, e.g. an unset shell variable, or an
+ * empty list entry) or one with a blank or control byte inside dies: a key that
+ * silently disables auth or can never match must not start a server. */
+static char *normalize_keys(const char *cmd, const char *from, const char *keys) {
+    sbuf b = {0};
+    const char *k = keys;
+    for (;;) {
+        const char *end = strchr(k, ',');
+        size_t n = end ? (size_t)(end - k) : strlen(k);
+        while (n && (*k == ' ' || *k == '\t')) k++, n--;
+        while (n && (k[n - 1] == ' ' || k[n - 1] == '\t')) n--;
+        if (!n) lilac_die("%s: %s holds an empty API key; give non-empty keys (comma-separated) or leave it unset", cmd, from);
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)k[i] <= 0x20 || (unsigned char)k[i] == 0x7f)
+                lilac_die("%s: %s: an API key must not contain blanks or control characters", cmd, from);
+        if (b.n) sb_putc(&b, ',');
+        sb_put(&b, k, n);
+        if (!end) break;
+        k = end + 1;
+    }
+    return b.p;
+}
+
+/* Connections need descriptors: raise the soft limit to the hard one, and keep
+ * --max-conns below it. */
+static void fit_fd_limit(const char *cmd, srv_options *so) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && (rlim_t)so->max_conns + 64 > rl.rlim_cur) {
+        long fit = rl.rlim_cur > 128 ? (long)rl.rlim_cur - 64 : 64;
+        fprintf(stderr, "lilac %s: warning: the descriptor limit is %llu: --max-conns lowered from %d to %ld\n", cmd,
+                (unsigned long long)rl.rlim_cur, so->max_conns, fit);
+        so->max_conns = (int)fit;
+    }
+}
+
 static int serve_main(const char *cmd, int argc, char **argv, const char *model_dir) {
     engine_opts eo = {0};
     srv_options so;
     srv_options_default(&so);
-    long port = so.port, max_body = (long)so.max_body, timeout = so.timeout_s, ping_ms = -1;
-    const char *reasoning = NULL, *ping = NULL;
-    bool test_hooks = false, no_dc = false, quiet = false, strict = false;
+    long port = so.port, max_body = (long)so.max_body, timeout = so.timeout_s, max_conns = so.max_conns,
+         per_client = so.max_conns_per_client, header_to = so.header_timeout_s, body_to = so.body_timeout_s,
+         json_values = (long)so.max_json_values, max_tokenize = 0;
+    double ping = so.ping_s;
+    const char *reasoning = NULL, *log_level = NULL;
+    bool test_hooks = false, no_dc = false, quiet = false, strict = false, log_prompts = false;
     for (int i = 1; i < argc; i++) {
         if (engine_opt(argc, argv, &i, &eo) || opt_str(argc, argv, &i, "--host", &so.host) ||
-            opt_int(argc, argv, &i, "--port", &port) || opt_str(argc, argv, &i, "--api-key", &so.api_key) ||
+            opt_range(argc, argv, &i, "--port", 0, 65535, &port) || opt_str(argc, argv, &i, "--api-key", &so.api_key) ||
             opt_str(argc, argv, &i, "--cors-origin", &so.cors_origin) || opt_str(argc, argv, &i, "--alias", &so.alias) ||
-            opt_int(argc, argv, &i, "--max-body", &max_body) || opt_str(argc, argv, &i, "--ping", &ping) ||
-            opt_int(argc, argv, &i, "--timeout", &timeout) || opt_str(argc, argv, &i, "--reasoning-field", &reasoning) ||
-            opt_flag(argc, argv, &i, "--test-hooks", &test_hooks) ||
+            opt_range(argc, argv, &i, "--max-body", 1024, 1L << 30, &max_body) ||
+            opt_real(argc, argv, &i, "--ping", 0, 3600, &ping) ||
+            opt_range(argc, argv, &i, "--timeout", 1, 86400, &timeout) ||
+            opt_range(argc, argv, &i, "--max-conns", 1, 1L << 20, &max_conns) ||
+            opt_range(argc, argv, &i, "--max-conns-per-client", 1, 1L << 20, &per_client) ||
+            opt_range(argc, argv, &i, "--header-timeout", 1, 3600, &header_to) ||
+            opt_range(argc, argv, &i, "--body-timeout", 1, 86400, &body_to) ||
+            opt_range(argc, argv, &i, "--max-json-values", 1024, 1L << 30, &json_values) ||
+            opt_range(argc, argv, &i, "--max-tokenize", 1, 1L << 30, &max_tokenize) ||
+            opt_str(argc, argv, &i, "--allowed-hosts", &so.allowed_hosts) ||
+            opt_flag(argc, argv, &i, "--metrics-public", &so.metrics_public) ||
+            opt_str(argc, argv, &i, "--reasoning-field", &reasoning) || opt_flag(argc, argv, &i, "--test-hooks", &test_hooks) ||
             opt_flag(argc, argv, &i, "--no-disconnect-check", &no_dc) || opt_flag(argc, argv, &i, "--quiet", &quiet) ||
-            opt_flag(argc, argv, &i, "--strict-model", &strict))
+            opt_flag(argc, argv, &i, "--strict-model", &strict) || opt_str(argc, argv, &i, "--log-level", &log_level) ||
+            opt_flag(argc, argv, &i, "--log-prompts", &log_prompts))
             continue;
-        if (model_dir && (!strcmp(argv[i], "--rebuild") || !strncmp(argv[i], "--out", 5))) {
+        if (model_dir && (!strcmp(argv[i], "--rebuild") || !strcmp(argv[i], "--out") || !strncmp(argv[i], "--out=", 6))) {
             if (!strcmp(argv[i], "--out")) i++;
             continue; /* demo's own options */
         }
         opt_unknown(cmd, argv[i]);
     }
+    if (log_level && lilac_log_parse(log_level, &lilac_log_threshold) < 0)
+        lilac_die("%s: --log-level must be error, warn, info or debug (got \"%s\")", cmd, log_level);
+    if (quiet) lilac_log_threshold = LOG_ERROR;
     if (model_dir) eo.model = model_dir;
     if (!eo.model) eo.model = getenv("LILAC_MODEL");
     if (!eo.model) lilac_die("%s: %s", cmd, NO_MODEL);
-    if (!so.api_key) so.api_key = getenv("LILAC_API_KEY");
-    if (port < 0 || port > 65535) lilac_die("%s: --port must be in 0..65535", cmd);
-    if (max_body < 1024) lilac_die("%s: --max-body must be at least 1024 bytes", cmd);
-    if (timeout < 1) lilac_die("%s: --timeout must be >= 1 second", cmd);
-    if (ping) {
-        char *end;
-        double p = strtod(ping, &end);
-        if (*end || p < 0) lilac_die("%s: --ping expects seconds (0 disables)", cmd);
-        so.ping_s = p;
-    }
-    (void)ping_ms;
+    char *keys = NULL;
+    if (so.api_key) keys = normalize_keys(cmd, "--api-key", so.api_key);
+    else if (getenv("LILAC_API_KEY")) keys = normalize_keys(cmd, "LILAC_API_KEY", getenv("LILAC_API_KEY"));
+    so.api_key = keys;
+    if (so.allowed_hosts && !so.allowed_hosts[0]) lilac_die("%s: --allowed-hosts needs names (or *)", cmd);
+    so.ping_s = ping;
+    so.max_conns = (int)max_conns;
+    so.max_conns_per_client = (int)per_client;
+    so.header_timeout_s = (int)header_to;
+    so.body_timeout_s = (int)body_to;
+    so.max_json_values = (size_t)json_values;
+    so.max_tokenize = max_tokenize;
+    fit_fd_limit(cmd, &so);
     if (reasoning) {
         if (!strcmp(reasoning, "reasoning_content")) so.reasoning = REASONING_CONTENT;
         else if (!strcmp(reasoning, "reasoning")) so.reasoning = REASONING_FIELD;
@@ -174,6 +452,7 @@ static int serve_main(const char *cmd, int argc, char **argv, const char *model_
     so.disconnect_check = !no_dc;
     so.quiet = quiet;
     so.strict_model = strict;
+    so.log_prompts = log_prompts;
 
     /* SIGINT/SIGTERM are taken by sigwait below; every thread inherits the mask. */
     sigset_t set;
@@ -182,13 +461,14 @@ static int serve_main(const char *cmd, int argc, char **argv, const char *model_
     sigaddset(&set, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 
+    /* The port first (a busy one fails at once, before a long load), then the
+     * model; "listening" is said only once both are good. /health answers 503
+     * while the model loads. */
     lilac_err err = {{0}};
-    int bound = 0;
-    srv *S = srv_start(&so, &bound, &err);
+    srv *S = srv_start(&so, NULL, &err);
     if (!S) lilac_die("%s", err.msg);
-    fprintf(stderr, "lilac %s: listening on http://%s:%d (loading %s)\n", cmd, so.host, bound, eo.model);
+    fprintf(stderr, "lilac %s: loading %s\n", cmd, eo.model);
     loaded L;
-    double t0 = lilac_now();
     if (load_all(cmd, &eo, &L, &err) < 0) {
         srv_stop(S);
         unload(&L);
@@ -202,15 +482,17 @@ static int serve_main(const char *cmd, int argc, char **argv, const char *model_
                      .defaults = L.defaults,
                      .defaults_set = L.defaults_set};
     srv_set_ready(S, &b);
-    fprintf(stderr, "lilac %s: ready in %.1f s: model %s, context %lld, %ld slot(s), backend %s%s\n", cmd,
-            lilac_now() - t0, so.alias, (long long)L.max_seq, eo.parallel ? eo.parallel : 1,
-            eo.backend ? eo.backend : "auto", so.api_key ? ", API key required" : "");
+    print_loaded(cmd, &eo, &L);
+    fprintf(stderr, "lilac %s: listening on %s (model \"%s\", queue %ld%s, log level %s)\n", cmd, srv_url(S), so.alias,
+            eo.queue > 0 ? eo.queue : 64, so.api_key ? (so.metrics_public ? ", API key required except /metrics" : ", API key required") : "",
+            lilac_log_name(lilac_log_threshold));
     fflush(stderr);
     int sig = 0;
     sigwait(&set, &sig);
     fprintf(stderr, "lilac %s: %s received, shutting down\n", cmd, sig == SIGINT ? "SIGINT" : "SIGTERM");
     srv_stop(S);
     unload(&L);
+    free(keys);
     return 0;
 }
 
@@ -298,22 +580,47 @@ static void on_sigint(int s) {
     chat_interrupted = 1;
 }
 
+/* One line of input, without its newline: through libedit (line editing, and
+ * history with the arrow keys) when stdin is a terminal, else plain reads. */
+static ssize_t read_line(bool edit, const char *prompt, char **line, size_t *cap) {
+    if (!edit) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+        return getline(line, cap, stdin);
+    }
+    char *r = readline(prompt);
+    if (!r) return -1;
+    free(*line);
+    *line = r;
+    *cap = strlen(r) + 1;
+    return (ssize_t)strlen(r);
+}
+
+static const char CHAT_HELP[] =
+    "commands:\n"
+    "  /help      this list\n"
+    "  /reset     forget the conversation (the system message stays)\n"
+    "  /think     thinking on (the model reasons before it answers)\n"
+    "  /nothink   thinking off\n"
+    "  /quit      leave (also /exit, or Ctrl-D)\n"
+    "input: end a line with \\ to go on on the next, or put a message between two lines of \"\"\";\n"
+    "a line starting with / is a command: //text sends \"/text\". Arrow keys edit and recall earlier lines.\n";
+
 /* Read one user message: lines until one not ending in '\', or a """ block. NULL at EOF. */
-static char *read_message(void) {
+static char *read_message(bool edit) {
     sbuf b = {0};
     char *line = NULL;
     size_t cap = 0;
     bool block = false;
     for (;;) {
-        fputs(b.n || block ? "... " : "> ", stdout);
-        fflush(stdout);
-        ssize_t n = getline(&line, &cap, stdin);
+        ssize_t n = read_line(edit, b.n || block ? "... " : "> ", &line, &cap);
         if (n < 0) {
             free(line);
             if (b.n) return b.p;
             sb_free(&b);
             return NULL;
         }
+        if (edit && n > 0) add_history(line);
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = 0;
         if (!strcmp(line, "\"\"\"")) {
             if (block) break;
@@ -342,11 +649,12 @@ static char *read_message(void) {
 int cmd_chat(int argc, char **argv) {
     engine_opts eo = {0};
     long max_tokens = 4096;
-    const char *temp = NULL, *system = NULL;
+    double temp = -1;
+    const char *system = NULL;
     bool no_think = false;
     for (int i = 1; i < argc; i++)
-        if (!engine_opt(argc, argv, &i, &eo) && !opt_int(argc, argv, &i, "--max-tokens", &max_tokens) &&
-            !opt_str(argc, argv, &i, "--temperature", &temp) && !opt_str(argc, argv, &i, "--system", &system) &&
+        if (!engine_opt(argc, argv, &i, &eo) && !opt_range(argc, argv, &i, "--max-tokens", 1, 1L << 30, &max_tokens) &&
+            !opt_real(argc, argv, &i, "--temperature", 0, 100, &temp) && !opt_str(argc, argv, &i, "--system", &system) &&
             !opt_flag(argc, argv, &i, "--no-think", &no_think))
             opt_unknown("chat", argv[i]);
     if (!eo.model) eo.model = getenv("LILAC_MODEL");
@@ -356,19 +664,38 @@ int cmd_chat(int argc, char **argv) {
     loaded L;
     lilac_err err = {{0}};
     if (load_all("chat", &eo, &L, &err) < 0) lilac_die("%s", err.msg);
+    print_loaded("chat", &eo, &L);
     lilac_sampling samp = L.defaults;
-    if (temp) samp.temperature = (float)atof(temp);
+    if (temp >= 0) samp.temperature = (float)temp;
     bool tty = isatty(1);
     bool think = !no_think;
     json_t *msgs = json_array();
     if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
     signal(SIGINT, on_sigint);
-    printf("lilac chat: %s (context %lld). Commands: /reset, /nothink, /think, /quit. End a line with \\ or use \"\"\" "
-           "for multi-line input; Ctrl-C stops a reply.\n",
-           eo.model, (long long)L.max_seq);
+    printf("lilac chat: %s (context %lld). /help for the commands; Ctrl-C stops a reply, Ctrl-D ends.\n", eo.model,
+           (long long)L.max_seq);
+    const bool edit = isatty(0);
+    if (edit) {
+        rl_readline_name = "lilac";
+        using_history();
+        stifle_history(1000);
+    }
     for (;;) {
-        char *msg = read_message();
+        char *msg = read_message(edit);
         if (!msg) break;
+        if (msg[0] == '/' && msg[1] == '/') memmove(msg, msg + 1, strlen(msg)); /* "//x": the message "/x" */
+        else if (msg[0] == '/' && !strcmp(msg, "/help")) {
+            fputs(CHAT_HELP, stdout);
+            free(msg);
+            continue;
+        } else if (msg[0] == '/' && strcmp(msg, "/quit") && strcmp(msg, "/exit") && strcmp(msg, "/reset") &&
+                   strcmp(msg, "/think") && strcmp(msg, "/nothink")) {
+            size_t w = strcspn(msg, " \t\n");
+            printf("unknown command %.*s (not sent to the model); /help lists the commands, //text sends \"/text\"\n",
+                   (int)(w > 60 ? 60 : w), msg);
+            free(msg);
+            continue;
+        }
         if (!strcmp(msg, "/quit") || !strcmp(msg, "/exit")) {
             free(msg);
             break;

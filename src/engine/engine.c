@@ -507,6 +507,7 @@ static void *worker(void *arg) {
         slot *sl = &e->slots[i];
         sl->tail = sl->next = -1;
         sl->s = c->be->session_new(c->model, c->max_seq, c->threads, &e->init_err);
+        if (sl->s && c->attn_bf16) c->be->set_attn_bf16(sl->s, true);
         if (!sl->s) {
             pthread_mutex_lock(&e->mu);
             e->init_state = -1;

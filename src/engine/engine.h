@@ -43,9 +43,9 @@
 #include <stdint.h>
 
 #include "../backend/backend.h"
-#include "../server/sbuf.h"
+#include "../model/sampler.h"
 #include "../tokenizer/tokenizer.h"
-#include "sampler.h"
+#include "../util/sbuf.h"
 
 #define ENG_MAX_TOP 20
 
@@ -103,6 +103,7 @@ typedef struct {
     const lilac_tokenizer *tok;
     int64_t max_seq;     /* per slot */
     int threads;
+    bool attn_bf16;      /* --attn-precision bf16: every slot's session (backend's set_attn_bf16) */
     int n_slots;         /* --parallel */
     int queue_max;       /* waiting jobs beyond which eng_submit refuses */
     int prefill_chunk;   /* tokens per prefill step (cancellation granularity) */

@@ -405,7 +405,7 @@ int lilac_config_load(lilac_config *c, const char *dir, lilac_err *err) {
     memcpy(path, dir, n);
     memcpy(path + n, "/config.json", sizeof "/config.json");
     size_t len = 0;
-    char *text = lilac_read_file(path, &len, err);
+    char *text = lilac_read_file_max(path, LILAC_CONFIG_MAX_BYTES, &len, err);
     if (!text) {
         free(path);
         return -1;

@@ -80,4 +80,7 @@ int lilac_config_diff_real(const lilac_config *c, void *out);
 
 void lilac_config_free(lilac_config *c);
 
+/* config.json larger than this is refused (it is a few KB; a device or a huge file is not one). */
+#define LILAC_CONFIG_MAX_BYTES ((size_t)16 << 20)
+
 #endif

@@ -16,6 +16,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -239,22 +242,32 @@ int st_parse_buffer(st_set *set, int shard, const void *buf, size_t len, const c
         n++;
     }
 
-    /* Overlap check: sort by offset; a non-empty tensor must start at or after
-     * the end of every non-empty tensor before it. Empty tensors overlap nothing. */
-    if (rc == 0 && n > 1) {
+    /* The tensors must tile the data region exactly, as HF safetensors requires:
+     * sorted by offset, each starts where the previous one ended, the first at 0
+     * and the last at the end of the file. A gap (e.g. a header length cut into
+     * its padding, which shifts every tensor) or an overlap is corruption. */
+    if (rc == 0) {
         qsort(ents, n, sizeof *ents, cmp_entry_offset);
-        const st_entry *last = NULL; /* non-empty tensor with the largest end so far */
-        for (size_t i = 0; i < n; i++) {
+        uint64_t pos = 0;
+        const st_entry *prev = NULL;
+        for (size_t i = 0; i < n && rc == 0; i++) {
             const st_entry *e = &ents[i];
-            if (e->begin == e->end) continue;
-            if (last && e->begin < last->end) {
+            if (e->begin < pos)
                 rc = lilac_fail(err, "%s: tensor \"%s\": data_offsets [%llu,%llu] overlap tensor \"%s\" [%llu,%llu]",
                                 fname, e->name, (unsigned long long)e->begin, (unsigned long long)e->end,
-                                last->name, (unsigned long long)last->begin, (unsigned long long)last->end);
-                break;
-            }
-            if (!last || e->end > last->end) last = e;
+                                prev->name, (unsigned long long)prev->begin, (unsigned long long)prev->end);
+            else if (e->begin > pos)
+                rc = lilac_fail(err, "%s: tensor \"%s\": data_offsets [%llu,%llu] leave a gap of %llu bytes after %s "
+                                "(the tensors must tile the data region; header length wrong?)", fname, e->name,
+                                (unsigned long long)e->begin, (unsigned long long)e->end,
+                                (unsigned long long)(e->begin - pos), prev ? prev->name : "the header");
+            pos = e->end;
+            if (e->end > e->begin || !prev) prev = e;
         }
+        if (rc == 0 && pos != dlen)
+            rc = lilac_fail(err, "%s: the tensors cover %llu of the %llu data bytes: the file has %llu bytes no tensor "
+                            "owns (header length wrong, or data appended?)", fname, (unsigned long long)pos,
+                            (unsigned long long)dlen, (unsigned long long)(dlen - pos));
     }
 
     /* Duplicates against what the set already holds (other shards). Names
@@ -320,9 +333,93 @@ static char *path_join(const char *dir, const char *name) {
     return s;
 }
 
+/* ---- truncation guard (see st_damaged in safetensors.h) ---- */
+
+#define GUARD_MAX 256 /* shards guarded at once; the real checkpoint has a handful */
+
+static struct {
+    _Atomic uintptr_t lo, hi; /* [lo, hi): a mapped shard; 0, 0: a free slot */
+    char path[512];
+} g_guard[GUARD_MAX];
+static atomic_int g_damaged = -1; /* slot of the first damaged shard */
+static char g_damaged_path[512];
+static struct sigaction g_old_bus;
+static pthread_mutex_t g_guard_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool g_guard_installed;
+static uintptr_t g_page = 4096; /* set before the handler is installed: sysconf is not signal-safe */
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+    uintptr_t a = (uintptr_t)si->si_addr;
+    for (int i = 0; i < GUARD_MAX; i++) {
+        uintptr_t lo = atomic_load(&g_guard[i].lo), hi = atomic_load(&g_guard[i].hi);
+        if (a < lo || a >= hi) continue;
+        uintptr_t page = a & ~(g_page - 1);
+        /* zeros from the faulting page to the end of the shard: one fault per shard */
+        if (mmap((void *)page, hi - page, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED) break;
+        int none = -1;
+        atomic_compare_exchange_strong(&g_damaged, &none, i);
+        return;
+    }
+    /* not a shard: the previous disposition (the default kills the process) */
+    if (g_old_bus.sa_flags & SA_SIGINFO) {
+        if (g_old_bus.sa_sigaction) {
+            g_old_bus.sa_sigaction(sig, si, uc);
+            return;
+        }
+    } else if (g_old_bus.sa_handler != SIG_DFL && g_old_bus.sa_handler != SIG_IGN) {
+        g_old_bus.sa_handler(sig);
+        return;
+    }
+    signal(SIGBUS, SIG_DFL); /* the access faults again and kills the process */
+}
+
+static void guard_add(const char *path, void *map, size_t size) {
+    pthread_mutex_lock(&g_guard_mu);
+    if (!g_guard_installed) {
+        long ps = sysconf(_SC_PAGESIZE);
+        if (ps > 0) g_page = (uintptr_t)ps;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_sigbus;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        g_guard_installed = sigaction(SIGBUS, &sa, &g_old_bus) == 0;
+    }
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (!atomic_load(&g_guard[i].lo)) {
+            snprintf(g_guard[i].path, sizeof g_guard[i].path, "%s", path);
+            atomic_store(&g_guard[i].hi, (uintptr_t)map + size);
+            atomic_store(&g_guard[i].lo, (uintptr_t)map);
+            break;
+        }
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+static void guard_remove(void *map) {
+    pthread_mutex_lock(&g_guard_mu);
+    for (int i = 0; i < GUARD_MAX; i++)
+        if (atomic_load(&g_guard[i].lo) == (uintptr_t)map) {
+            if (atomic_load(&g_damaged) == i) snprintf(g_damaged_path, sizeof g_damaged_path, "%s", g_guard[i].path);
+            atomic_store(&g_guard[i].lo, 0);
+            atomic_store(&g_guard[i].hi, 0);
+        }
+    pthread_mutex_unlock(&g_guard_mu);
+}
+
+bool st_damaged(char *path, size_t cap) {
+    int i = atomic_load(&g_damaged);
+    if (i < 0) return false;
+    if (path && cap) {
+        pthread_mutex_lock(&g_guard_mu);
+        snprintf(path, cap, "%s", atomic_load(&g_guard[i].lo) ? g_guard[i].path : g_damaged_path);
+        pthread_mutex_unlock(&g_guard_mu);
+    }
+    return true;
+}
+
 /* mmap `path`, register it as a new shard and parse its header. */
 static int open_shard(st_set *set, const char *path, lilac_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block the open */
     if (fd < 0) {
         if (errno == ENOENT) return lilac_fail(err, "%s: shard file does not exist", path);
         return lilac_fail(err, "%s: cannot open: %s", path, strerror(errno));
@@ -354,6 +451,7 @@ static int open_shard(st_set *set, const char *path, lilac_err *err) {
     set->shards[idx].map = map;
     set->shards[idx].size = size;
     set->n_shards = idx + 1;
+    guard_add(path, map, size);
     return st_parse_buffer(set, idx, map, size, path, err);
 }
 
@@ -503,8 +601,10 @@ void st_close(st_set *set) {
     for (int i = 0; i < set->n_tensors; i++) free(set->tensors[i].name);
     free(set->tensors);
     for (int i = 0; i < set->n_shards; i++) {
-        if (set->shards[i].map && set->shards[i].map != MAP_FAILED)
+        if (set->shards[i].map && set->shards[i].map != MAP_FAILED) {
+            guard_remove(set->shards[i].map);
             munmap(set->shards[i].map, set->shards[i].size);
+        }
         free(set->shards[i].path);
     }
     free(set->shards);

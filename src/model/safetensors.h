@@ -63,4 +63,17 @@ const st_tensor *st_find(const st_set *set, const char *name);
 
 void st_close(st_set *set);
 
+/* Truncation guard. The shards stay mmapped (MAP_PRIVATE, read-only): the CPU
+ * backend reads its weights in place, so 19 GB are neither copied nor held
+ * twice. A shard truncated (or replaced by a shorter file written in place)
+ * while lilac runs would raise SIGBUS at the next access to a page past its
+ * new end and kill the process. st_open_dir installs a SIGBUS handler that,
+ * for a fault inside a mapped shard, maps zero pages over the rest of that
+ * shard (the access then completes, with zeros) and records the damage;
+ * faults anywhere else keep their previous disposition. Whoever computes with
+ * the weights checks st_damaged() after the work and reports a clean error
+ * instead of the zeros' result. Returns true, with the shard's path in
+ * path[0..cap) when path is not NULL, once any shard has faulted. */
+bool st_damaged(char *path, size_t cap);
+
 #endif

@@ -1,6 +1,6 @@
 /* sampling.h — how a request wants its tokens chosen: the parameters of
  * generation_config.json and of the OpenAI API. A plain description shared by
- * the server, the engine (engine/sampler.h, the host sampler) and the
+ * the server, the engine (through the host sampler, sampler.h) and the
  * backends (backend.h: device sampling), so none of them depends on another. */
 #ifndef LILAC_SAMPLING_H
 #define LILAC_SAMPLING_H

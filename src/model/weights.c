@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include "quantize.h"
+#include "tensors.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,13 +97,6 @@ static const char *shard_name(const loader *L, const st_tensor *t) {
     return s ? s + 1 : p;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-    size_t o = 0;
-    o += (size_t)snprintf(buf + o, n - o, "[");
-    for (int i = 0; i < ndim && o < n; i++) o += (size_t)snprintf(buf + o, n - o, i ? ",%lld" : "%lld", (long long)shape[i]);
-    if (o < n) snprintf(buf + o, n - o, "]");
-}
-
 /* Find `name`, check dtype and shape; mark it used. */
 static const st_tensor *need(loader *L, const char *name, st_dtype dt, int ndim, const int64_t *shape) {
     const st_tensor *t = st_find(&L->m->st, name);
@@ -119,8 +113,8 @@ static const st_tensor *need(loader *L, const char *name, st_dtype dt, int ndim,
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
         char a[128], b[128];
-        shape_str(a, sizeof a, t->ndim, t->shape);
-        shape_str(b, sizeof b, ndim, shape);
+        lilac_shape_str(a, sizeof a, t->ndim, t->shape);
+        lilac_shape_str(b, sizeof b, ndim, shape);
         lilac_fail(L->err, "%s: tensor \"%s\": shape %s, expected %s (from config.json)", shard_name(L, t), name, a, b);
         return NULL;
     }
@@ -224,86 +218,40 @@ static bool skipped_name(const char *n) {
 #define TRY(x) do { if ((x) < 0) return -1; } while (0)
 #define TRYP(p, x) do { if (!((p) = (x))) return -1; } while (0)
 
+/* Layer i's tensors, as the table (tensors.h) lists them. */
 static int load_layer(loader *L, int i) {
     lilac_model *m = L->m;
     const lilac_config *c = &m->cfg;
     lilac_layer *ly = &m->layers[i];
     const bool hf = m->layout == LAYOUT_HF;
-    const int64_t H = c->hidden;
-    char p[160], n[256], n2[256];
-    snprintf(p, sizeof p, hf ? "model.language_model.layers.%d" : "language_model.model.layers.%d", i);
     ly->is_full = c->is_full[i];
-
-    snprintf(n, sizeof n, "%s.input_layernorm.weight", p);
-    TRYP(ly->in_norm, load_vec(L, n, H, 0, hf));
-    snprintf(n, sizeof n, "%s.post_attention_layernorm.weight", p);
-    TRYP(ly->post_norm, load_vec(L, n, H, 0, hf));
-
-    if (!ly->is_full) {
-        const int64_t conv = cfg_conv_dim(c), vd = cfg_lin_val_dim(c);
-        snprintf(n, sizeof n, "%s.linear_attn.in_proj_qkv", p);
-        TRY(load_matrix(L, &ly->in_qkv, n, NULL, 0, conv, H));
-        snprintf(n, sizeof n, "%s.linear_attn.in_proj_z", p);
-        TRY(load_matrix(L, &ly->in_z, n, NULL, 0, vd, H));
-        snprintf(n, sizeof n, "%s.linear_attn.in_proj_b", p);
-        TRY(load_matrix(L, &ly->in_b, n, NULL, 0, c->lin_v_heads, H));
-        snprintf(n, sizeof n, "%s.linear_attn.in_proj_a", p);
-        TRY(load_matrix(L, &ly->in_a, n, NULL, 0, c->lin_v_heads, H));
-        snprintf(n, sizeof n, "%s.linear_attn.out_proj", p);
-        TRY(load_matrix(L, &ly->out_proj, n, NULL, 0, H, vd));
-        snprintf(n, sizeof n, "%s.linear_attn.conv1d.weight", p);
-        TRYP(ly->conv, load_vec(L, n, conv, -1, false));
-        snprintf(n, sizeof n, "%s.linear_attn.A_log", p);
-        TRYP(ly->A_log, load_vec(L, n, c->lin_v_heads, 0, false));
-        snprintf(n, sizeof n, "%s.linear_attn.dt_bias", p);
-        TRYP(ly->dt_bias, load_vec(L, n, c->lin_v_heads, 0, false));
-        snprintf(n, sizeof n, "%s.linear_attn.norm.weight", p);
-        TRYP(ly->gdn_norm, load_vec(L, n, c->lin_v_dim, 0, false));
-    } else {
-        const int64_t hd = c->head_dim;
-        snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
-        TRY(load_matrix(L, &ly->q_proj, n, NULL, 0, 2 * c->n_heads * hd, H));
-        snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
-        TRY(load_matrix(L, &ly->k_proj, n, NULL, 0, c->n_kv_heads * hd, H));
-        snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
-        TRY(load_matrix(L, &ly->v_proj, n, NULL, 0, c->n_kv_heads * hd, H));
-        snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
-        TRY(load_matrix(L, &ly->o_proj, n, NULL, 0, H, c->n_heads * hd));
-        snprintf(n, sizeof n, "%s.self_attn.q_norm.weight", p);
-        TRYP(ly->q_norm, load_vec(L, n, hd, 0, hf));
-        snprintf(n, sizeof n, "%s.self_attn.k_norm.weight", p);
-        TRYP(ly->k_norm, load_vec(L, n, hd, 0, hf));
-    }
-
-    const int64_t I = c->moe_inter, E = c->n_experts, S = c->shared_inter;
-    snprintf(n, sizeof n, "%s.mlp.gate", p);
-    TRY(load_matrix(L, &ly->router, n, NULL, 0, E, H));
-    snprintf(n, sizeof n, "%s.mlp.shared_expert.gate_proj", p);
-    TRY(load_matrix(L, &ly->sh_gate, n, NULL, 0, S, H));
-    snprintf(n, sizeof n, "%s.mlp.shared_expert.up_proj", p);
-    TRY(load_matrix(L, &ly->sh_up, n, NULL, 0, S, H));
-    snprintf(n, sizeof n, "%s.mlp.shared_expert.down_proj", p);
-    TRY(load_matrix(L, &ly->sh_down, n, NULL, 0, H, S));
-    snprintf(n, sizeof n, "%s.mlp.shared_expert_gate", p);
-    TRY(load_matrix(L, &ly->sh_expert_gate, n, NULL, 0, 1, H));
-    if (hf) {
-        /* Fused [E, 2I, H]: rows 0..I-1 gate, I..2I-1 up. */
-        snprintf(n, sizeof n, "%s.mlp.experts", p);
-        snprintf(n2, sizeof n2, "%s.mlp.experts.gate_up_proj", p);
-        TRY(load_matrix(L, &ly->exp_gate, n, n2, (int)E, 2 * I, H));
-        ly->exp_gate.rows = I;
-        ly->exp_gate.expert_rows_stride = 2 * I;
-        ly->exp_up = ly->exp_gate;
-        ly->exp_up.w += I * H;
-        snprintf(n2, sizeof n2, "%s.mlp.experts.down_proj", p);
-        TRY(load_matrix(L, &ly->exp_down, n, n2, (int)E, H, I));
-    } else {
-        snprintf(n, sizeof n, "%s.mlp.switch_mlp.gate_proj", p);
-        TRY(load_matrix(L, &ly->exp_gate, n, NULL, (int)E, I, H));
-        snprintf(n, sizeof n, "%s.mlp.switch_mlp.up_proj", p);
-        TRY(load_matrix(L, &ly->exp_up, n, NULL, (int)E, I, H));
-        snprintf(n, sizeof n, "%s.mlp.switch_mlp.down_proj", p);
-        TRY(load_matrix(L, &ly->exp_down, n, NULL, (int)E, H, I));
+    for (int k = 0; k < lilac_n_layer_tensors; k++) {
+        const lilac_layer_tensor *t = &lilac_layer_tensors[k];
+        if (!lilac_tensor_in_layer(t, c, i)) continue;
+        const int64_t rows = lilac_dim_size(c, t->rows), cols = lilac_dim_size(c, t->cols);
+        char n[256];
+        const int np = snprintf(n, sizeof n, hf ? LILAC_HF_LAYER : LILAC_MLX_LAYER, i);
+        snprintf(n + np, sizeof n - (size_t)np, "%s", hf && t->hf ? t->hf : t->name);
+        if (!lilac_tensor_is_matrix(t)) {
+            TRYP(*lilac_layer_vec(ly, t), load_vec(L, n, rows, t->kind == TK_CONV ? -1 : 0, hf && t->kind == TK_GAIN));
+            continue;
+        }
+        lilac_matrix *x = lilac_layer_mat(ly, t);
+        const int n_exp = t->kind == TK_EXPERTS ? c->n_experts : 0;
+        if (!hf || t->hf_parts < 2) {
+            TRY(load_matrix(L, x, n, hf && t->hf ? n : NULL, n_exp, rows, cols));
+            continue;
+        }
+        /* HF fuses these experts' matrices ([E, parts*rows, cols]): part 0 maps the tensor, each
+         * later part is a view of it `part` blocks of rows further on. */
+        if (t->hf_part == 0) {
+            TRY(load_matrix(L, x, n, n, n_exp, (int64_t)t->hf_parts * rows, cols));
+            x->rows = rows;
+            x->expert_rows_stride = (int64_t)t->hf_parts * rows;
+        } else {
+            *x = *lilac_layer_mat(ly, t - t->hf_part);
+            x->w += (int64_t)t->hf_part * rows * cols;
+        }
     }
     return 0;
 }
@@ -379,14 +327,8 @@ static int quantize_mat(lilac_model *m, lilac_matrix *x, int bits, const char *w
         }
     }
     if (bad_at >= 0) return lilac_fail(err, "%s: non-finite weight at element %lld", what, (long long)bad_at);
-    x->type = MAT_AFFINE;
-    x->bits = bits;
-    x->group = group;
-    x->q = q;
-    x->scales = sc;
-    x->biases = bi;
-    x->w = NULL;
-    x->expert_rows_stride = R;
+    *x = (lilac_matrix){.type = MAT_AFFINE, .rows = R, .cols = C, .bits = bits, .group = group, .q = q, .scales = sc,
+                        .biases = bi, .n_experts = (int)E, .expert_rows_stride = R};
     return 0;
 }
 
@@ -397,31 +339,20 @@ static void round_gain(float *g, int64_t n) {
 int lilac_model_quantize(lilac_model *m, lilac_err *err) {
     if (m->layout != LAYOUT_HF) return 0;
     const lilac_config *c = &m->cfg;
-    char what[96];
+    char what[160];
     if (quantize_mat(m, &m->embed, 4, "embed_tokens", err) < 0) return -1;
     if (c->tie_embeddings) m->lm_head = m->embed;
     else if (quantize_mat(m, &m->lm_head, 4, "lm_head", err) < 0) return -1;
     round_gain(m->final_norm, c->hidden);
     for (int l = 0; l < c->n_layers; l++) {
         lilac_layer *y = &m->layers[l];
-        struct { lilac_matrix *mat; int bits; const char *name; } mats[] = {
-            {&y->in_qkv, 4, "in_proj_qkv"}, {&y->in_z, 4, "in_proj_z"}, {&y->in_b, 4, "in_proj_b"},
-            {&y->in_a, 4, "in_proj_a"}, {&y->out_proj, 4, "out_proj"}, {&y->q_proj, 4, "q_proj"},
-            {&y->k_proj, 4, "k_proj"}, {&y->v_proj, 4, "v_proj"}, {&y->o_proj, 4, "o_proj"},
-            {&y->router, 8, "mlp.gate"}, {&y->exp_gate, 4, "experts (gate)"}, {&y->exp_up, 4, "experts (up)"},
-            {&y->exp_down, 4, "experts.down_proj"}, {&y->sh_gate, 4, "shared_expert.gate_proj"},
-            {&y->sh_up, 4, "shared_expert.up_proj"}, {&y->sh_down, 4, "shared_expert.down_proj"},
-            {&y->sh_expert_gate, 8, "shared_expert_gate"},
-        };
-        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
-            snprintf(what, sizeof what, "layer %d %s", l, mats[i].name);
-            if (quantize_mat(m, mats[i].mat, mats[i].bits, what, err) < 0) return -1;
-        }
-        round_gain(y->in_norm, c->hidden);
-        round_gain(y->post_norm, c->hidden);
-        if (y->is_full) {
-            round_gain(y->q_norm, c->head_dim);
-            round_gain(y->k_norm, c->head_dim);
+        for (int k = 0; k < lilac_n_layer_tensors; k++) {
+            const lilac_layer_tensor *t = &lilac_layer_tensors[k];
+            if (!lilac_tensor_in_layer(t, c, l)) continue;
+            if (t->kind == TK_GAIN) round_gain(*lilac_layer_vec(y, t), lilac_dim_size(c, t->rows));
+            if (!lilac_tensor_is_matrix(t)) continue;
+            snprintf(what, sizeof what, "layer %d %s", l, t->name);
+            if (quantize_mat(m, lilac_layer_mat(y, t), t->bits, what, err) < 0) return -1;
         }
     }
     return 0;

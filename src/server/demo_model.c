@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "../model/safetensors.h"
-#include "../tools/synth.h"
+#include "../model/synth.h"
 #include "demo_template.h"
-#include "sbuf.h"
+#include "../util/sbuf.h"
 
 /* ---- geometry (the tiny oracle case: every feature, small) ---- */
 enum {
@@ -252,30 +252,18 @@ static int write_tokenizer(const char *dir, int *eos_out, lilac_err *err) {
 /* ---- weights: the synth writer at the demo's geometry --------------------- */
 
 static int write_weights(const char *dir, int eos, lilac_err *err) {
-    lilac_config c;
-    lilac_config_real(&c);
-    c.hidden = D_H;
-    c.n_layers = D_LAYERS;
-    c.vocab = D_V;
-    c.n_heads = D_HEADS;
-    c.n_kv_heads = D_KV;
-    c.head_dim = D_HD;
-    c.rotary_dim = D_HD / 4;
-    c.lin_k_heads = D_LK;
-    c.lin_v_heads = D_LV;
-    c.lin_k_dim = D_KD;
-    c.lin_v_dim = D_VD;
-    c.conv_kernel = D_CONV;
-    c.n_experts = D_E;
-    c.top_k = D_TOPK;
-    c.moe_inter = D_I;
-    c.shared_inter = D_SI;
-    c.eos_id = eos;
+    lilac_config real;
+    lilac_config_real(&real);
+    lilac_config c = {.hidden = D_H, .n_layers = D_LAYERS, .vocab = D_V, .rms_eps = real.rms_eps,
+                      .full_interval = real.full_interval, .n_heads = D_HEADS, .n_kv_heads = D_KV, .head_dim = D_HD,
+                      .rotary_dim = D_HD / 4, .rope_theta = real.rope_theta, .max_pos = real.max_pos,
+                      .lin_k_heads = D_LK, .lin_v_heads = D_LV, .lin_k_dim = D_KD, .lin_v_dim = D_VD,
+                      .conv_kernel = D_CONV, .n_experts = D_E, .top_k = D_TOPK, .moe_inter = D_I, .shared_inter = D_SI,
+                      .norm_topk = real.norm_topk, .eos_id = eos};
+    lilac_config_free(&real);
     for (int l = 0; l < D_LAYERS; l++) c.is_full[l] = (l + 1) % 4 == 0;
     lilac_synth_opts o = {.seed = 20260601, .config_note = "lilac demo: random weights, the text is gibberish", .quiet = true};
-    int rc = lilac_synth_write(dir, &c, &o, err);
-    lilac_config_free(&c);
-    return rc;
+    return lilac_synth_write(dir, &c, &o, err);
 }
 
 int lilac_demo_build(const char *dir, lilac_err *err) {

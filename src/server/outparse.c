@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "../util/common.h"
-#include "sbuf.h"
+#include "../util/sbuf.h"
 
 enum { S_THINK_START, S_THINK, S_CONTENT_START, S_CONTENT, S_TOOL, S_PARAMS, S_TOOL_END };
 

@@ -6,7 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
+#include "../chat/content_part.h"
 #include "../util/common.h"
 
 #define MAX_STOPS 16
@@ -26,9 +28,36 @@ int srv_err(srv_error *e, int status, const char *type, const char *param, const
     return -1;
 }
 
+size_t srv_json_max_values = SRV_JSON_MAX_VALUES;
+
+size_t srv_json_count_values(const char *p, size_t n, size_t stop) {
+    size_t count = 0;
+    for (size_t i = 0; i < n && count <= stop; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '"') { /* a string is one value (or a key); skip to its closing quote */
+            count++;
+            for (i++; i < n && p[i] != '"'; i++)
+                if (p[i] == '\\') i++;
+        } else if (ch == '{' || ch == '[' || ch == '-' || (ch >= '0' && ch <= '9') || ch == 't' || ch == 'f' || ch == 'n') {
+            count++;
+            if (ch != '{' && ch != '[') /* skip the rest of the literal */
+                while (i + 1 < n && p[i + 1] != ',' && p[i + 1] != ']' && p[i + 1] != '}' && p[i + 1] != ' ' &&
+                       p[i + 1] != '\n' && p[i + 1] != '"')
+                    i++;
+        }
+    }
+    return count;
+}
+
 json_t *srv_parse_object(const char *body, size_t len, srv_error *e) {
     if (!body || len == 0) {
         srv_bad(e, NULL, "the request body is empty; expected a JSON object");
+        return NULL;
+    }
+    /* jansson holds every value as its own allocation (tens of bytes each): bound the count before parsing */
+    if (srv_json_count_values(body, len, srv_json_max_values) > srv_json_max_values) {
+        srv_err(e, 413, "invalid_request_error", NULL, "request_too_large",
+                "the request body holds more than %zu JSON values (--max-json-values)", srv_json_max_values);
         return NULL;
     }
     json_error_t je;
@@ -86,6 +115,7 @@ static int get_int(const json_t *o, const char *k, long long lo, long long hi, l
     else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) && fabs(json_real_value(v)) < 9e15)
         x = (long long)json_real_value(v);
     else return srv_bad(e, k, "'%s' must be an integer, not %s", k, type_name(v));
+    if (x < lo && hi == INT64_MAX) return srv_bad(e, k, "'%s' must be at least %lld, got %lld", k, lo, x);
     if (x < lo || x > hi) return srv_bad(e, k, "'%s' must be between %lld and %lld, got %lld", k, lo, hi, x);
     *out = x;
     return 1;
@@ -113,6 +143,9 @@ static int parse_stop(srv_request *r, const json_t *v, srv_error *e) {
     return 0;
 }
 
+/* Content: a string, null, or text parts. Each part is classified as the
+ * renderer classifies it (content_part.h), so a part that names itself "text"
+ * but carries an image or video key is refused, not rendered as vision tokens. */
 static int check_content(const json_t *c, size_t mi, srv_error *e) {
     char p[48];
     snprintf(p, sizeof p, "messages[%zu].content", mi);
@@ -123,14 +156,14 @@ static int check_content(const json_t *c, size_t mi, srv_error *e) {
         const char *type = json_string_value(json_object_get(part, "type"));
         if (!json_is_object(part) || !type)
             return srv_bad(e, p, "'%s[%zu]' must be an object with a string 'type'", p, i);
-        if (!strcmp(type, "text")) {
-            if (!json_is_string(json_object_get(part, "text")))
-                return srv_bad(e, p, "'%s[%zu].text' must be a string", p, i);
-        } else if (!strcmp(type, "image_url") || !strcmp(type, "image") || !strcmp(type, "input_image") ||
-                   !strcmp(type, "video") || !strcmp(type, "video_url") || !strcmp(type, "input_audio")) {
-            return srv_bad(e, p, "content parts of type '%s' are not supported: this server is text-only", type);
-        } else
-            return srv_bad(e, p, "unknown content part type '%s' in '%s[%zu]'", type, p, i);
+        lilac_part_kind k = lilac_content_part_kind(part);
+        if (k == LILAC_PART_IMAGE || k == LILAC_PART_VIDEO || !strcmp(type, "image_url") || !strcmp(type, "input_image") ||
+            !strcmp(type, "video_url") || !strcmp(type, "input_audio"))
+            return srv_bad(e, p, "'%s[%zu]' is an %s part (type '%.40s'): this server is text-only", p, i,
+                           k == LILAC_PART_VIDEO ? "video" : strcmp(type, "input_audio") ? "image" : "audio", type);
+        if (strcmp(type, "text")) return srv_bad(e, p, "unknown content part type '%.40s' in '%s[%zu]'", type, p, i);
+        if (k != LILAC_PART_TEXT || !json_is_string(json_object_get(part, "text")))
+            return srv_bad(e, p, "'%s[%zu].text' must be a string", p, i);
     }
     return 0;
 }
@@ -228,30 +261,45 @@ static int parse_tools(srv_request *r, srv_error *e) {
     return 0;
 }
 
+/* One prompt: text or token ids. */
+static int parse_one_prompt(srv_prompt *pr, const json_t *p, const char *param, srv_error *e) {
+    if (json_is_string(p)) {
+        pr->text = json_string_value(p);
+        pr->len = json_string_length(p);
+        if (!pr->len) return srv_bad(e, "prompt", "'%s' must not be empty", param);
+        return 0;
+    }
+    if (!json_is_array(p)) return srv_bad(e, "prompt", "'%s' must be a string or an array of token ids", param);
+    size_t n = json_array_size(p);
+    if (n == 0) return srv_bad(e, "prompt", "'%s' must not be empty", param);
+    pr->ids = xmalloc(sizeof(int32_t) * n);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *v = json_array_get(p, i);
+        if (!json_is_integer(v)) return srv_bad(e, "prompt", "'%s[%zu]' must be a token id, not %s", param, i, type_name(v));
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x > INT32_MAX) return srv_bad(e, "prompt", "'%s[%zu]' is not a valid token id", param, i);
+        pr->ids[pr->n_ids++] = (int32_t)x;
+    }
+    return 0;
+}
+
+/* 'prompt': a string, an array of token ids, or an array of prompts (strings
+ * or arrays of token ids), one choice set each. */
 static int parse_prompt(srv_request *r, srv_error *e) {
     const json_t *p = json_object_get(r->root, "prompt");
     if (!p || json_is_null(p)) return srv_bad(e, "prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
-        p = json_array_get(p, 0); /* ["text"] or [[ids]] */
-    if (json_is_string(p)) {
-        r->prompt = json_string_value(p);
-        r->prompt_len = json_string_length(p);
-        if (!r->prompt_len) return srv_bad(e, "prompt", "'prompt' must not be empty");
-        return 0;
-    }
-    if (!json_is_array(p)) return srv_bad(e, "prompt", "'prompt' must be a string or an array of token ids");
-    size_t n = json_array_size(p);
-    if (n == 0) return srv_bad(e, "prompt", "'prompt' must not be empty");
-    r->prompt_ids = xmalloc(sizeof(int32_t) * n);
+    bool list = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
+    size_t n = list ? json_array_size(p) : 1;
+    if (n > SRV_MAX_PROMPTS) return srv_bad(e, "prompt", "'prompt' holds %zu prompts; at most %d are allowed", n, SRV_MAX_PROMPTS);
+    r->prompts = xcalloc(n, sizeof(srv_prompt));
     for (size_t i = 0; i < n; i++) {
-        const json_t *v = json_array_get(p, i);
-        if (!json_is_integer(v))
-            return srv_bad(e, "prompt", "'prompt' holds several prompts or a non-integer; one prompt per request");
-        json_int_t x = json_integer_value(v);
-        if (x < 0 || x > INT32_MAX) return srv_bad(e, "prompt", "'prompt[%zu]' is not a valid token id", i);
-        r->prompt_ids[i] = (int32_t)x;
+        char param[32];
+        snprintf(param, sizeof param, list ? "prompt[%zu]" : "prompt", i);
+        if (parse_one_prompt(&r->prompts[r->n_prompts++], list ? json_array_get(p, i) : p, param, e) < 0) return -1;
     }
-    r->n_prompt_ids = (int)n;
+    if ((long)n * r->best_of > SRV_MAX_JOBS)
+        return srv_bad(e, "prompt", "%zu prompts x %d choices (best_of) exceed the %d sequences one request may ask for", n,
+                       r->best_of, SRV_MAX_JOBS);
     return 0;
 }
 
@@ -272,7 +320,8 @@ static int parse_fields(srv_request *r, srv_error *e) {
     r->max_tokens = -1;
     static const char *const max_keys[] = {"max_tokens", "max_completion_tokens", "n_predict"};
     for (int i = 0; i < 3; i++) {
-        int g = get_int(root, max_keys[i], i == 2 ? -1 : 1, 1LL << 31, &x, e);
+        /* no upper bound here: the context check states the real limit */
+        int g = get_int(root, max_keys[i], i == 2 ? -1 : 1, INT64_MAX, &x, e);
         if (g < 0) return -1;
         if (g > 0 && x > 0) r->max_tokens = (long)x;
     }
@@ -307,10 +356,16 @@ static int parse_fields(srv_request *r, srv_error *e) {
         if (s != -1) r->samp.seed = (uint64_t)s, r->samp.has_seed = true;
     }
     if (parse_stop(r, json_object_get(root, "stop"), e) < 0) return -1;
-    if (get_int(root, "n", 1, 1, &x, e) < 0)
-        return srv_err(e, 400, "invalid_request_error", "n", "unsupported_value", "n > 1 is not supported: one choice per request");
-    if ((v = json_object_get(root, "best_of")) && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 1))
-        return srv_err(e, 400, "invalid_request_error", "best_of", "unsupported_value", "best_of is not supported");
+    r->n = r->best_of = 1;
+    if ((g = get_int(root, "n", 1, SRV_MAX_CHOICES, &x, e)) < 0) return -1;
+    if (g) r->n = r->best_of = (int)x;
+    if ((g = get_int(root, "best_of", 1, SRV_MAX_CHOICES, &x, e)) < 0) return -1;
+    if (g) {
+        if (x < r->n) return srv_bad(e, "best_of", "'best_of' (%lld) must be at least 'n' (%d)", x, r->n);
+        r->best_of = (int)x;
+    }
+    if (r->best_of > r->n && r->stream)
+        return srv_bad(e, "best_of", "'best_of' greater than 'n' cannot be streamed: the best choices are known only at the end");
     if ((v = json_object_get(root, "response_format")) && !json_is_null(v)) {
         const char *t = json_string_value(json_object_get(v, "type"));
         if (!json_is_object(v) || !t) return srv_bad(e, "response_format", "'response_format' must be {\"type\": ...}");
@@ -330,9 +385,10 @@ static int parse_fields(srv_request *r, srv_error *e) {
         if (json_is_boolean(v)) r->logprobs = json_is_true(v);
         else if ((g = get_int(root, "logprobs", 0, 20, &x, e)) < 0) return -1;
         else if (g) r->logprobs = true, r->top_logprobs = (int)x;
-        bool echo = false;
-        if (get_bool(root, "echo", &echo, e) < 0) return -1;
-        if (echo) return srv_err(e, 400, "invalid_request_error", "echo", "unsupported_value", "echo is not supported");
+        if (get_bool(root, "echo", &r->echo, e) < 0) return -1;
+        if (r->echo && r->logprobs)
+            return srv_err(e, 400, "invalid_request_error", "echo", "unsupported_value",
+                           "'echo' with 'logprobs' is not supported: the prompt tokens' logprobs are not computed");
         v = json_object_get(root, "suffix");
         if (v && !json_is_null(v) && !(json_is_string(v) && json_string_length(v) == 0))
             return srv_err(e, 400, "invalid_request_error", "suffix", "unsupported_value", "suffix is not supported");
@@ -361,14 +417,14 @@ static int parse_fields(srv_request *r, srv_error *e) {
     return 0;
 }
 
-int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e) {
+int srv_parse_request_json(json_t *root, req_kind kind, srv_request *r, srv_error *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     lilac_sampling_default(&r->samp);
     r->enable_thinking = true;
     r->cache_prompt = true;
-    r->root = srv_parse_object(body, len, e);
-    if (!r->root) return -1;
+    r->n = r->best_of = 1;
+    r->root = root;
     int rc = parse_fields(r, e);
     if (!rc && kind == REQ_CHAT) rc = parse_messages(r, json_object_get(r->root, "messages"), e);
     if (!rc && kind == REQ_CHAT) rc = parse_tools(r, e);
@@ -380,11 +436,53 @@ int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *
     return 0;
 }
 
+int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e) {
+    memset(r, 0, sizeof *r);
+    json_t *root = srv_parse_object(body, len, e);
+    if (!root) return -1;
+    return srv_parse_request_json(root, kind, r, e);
+}
+
 void srv_request_free(srv_request *r) {
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
-    free(r->prompt_ids);
+    for (int i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);
+    free(r->prompts);
     json_decref(r->messages);
     json_decref(r->root);
     memset(r, 0, sizeof *r);
+}
+
+/* ---- header checks ------------------------------------------------------------------ */
+
+bool srv_host_allowed(const char *host, const char *allowed) {
+    if (!host || !allowed) return false;
+    size_t hn = strlen(host);
+    if (host[0] == '[') { /* [v6]:port */
+        const char *end = strchr(host, ']');
+        if (!end) return false;
+        hn = (size_t)(end - host) + 1;
+    } else {
+        const char *colon = strchr(host, ':');
+        if (colon) hn = (size_t)(colon - host);
+    }
+    if (hn > 0 && host[hn - 1] == '.') hn--; /* "localhost." */
+    for (const char *a = allowed; *a;) {
+        const char *end = strchr(a, ',');
+        size_t an = end ? (size_t)(end - a) : strlen(a);
+        if (an == 1 && a[0] == '*') return true;
+        if (an == hn && hn > 0 && !strncasecmp(a, host, hn)) return true;
+        if (!end) break;
+        a = end + 1;
+    }
+    return false;
+}
+
+bool srv_ctype_json(const char *ctype) {
+    if (!ctype) return false;
+    while (*ctype == ' ' || *ctype == '\t') ctype++;
+    static const char J[] = "application/json";
+    if (strncasecmp(ctype, J, sizeof J - 1)) return false;
+    char c = ctype[sizeof J - 1];
+    return c == 0 || c == ';' || c == ' ' || c == '\t';
 }

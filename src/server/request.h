@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../engine/sampler.h"
+#include "../model/sampler.h"
 
 typedef struct {
     int status;        /* HTTP status */
@@ -20,7 +20,10 @@ typedef struct {
     char param[64];    /* "" -> null */
     char message[600];
     long n_prompt, n_ctx; /* context errors: > 0 adds n_prompt_tokens / n_ctx */
+    int shape;            /* SRV_SHAPE_*: how the body is written */
 } srv_error;
+
+enum { SRV_SHAPE_OPENAI, SRV_SHAPE_ANTHROPIC };
 
 /* Fill e; returns -1 for `return srv_err(...)`. */
 int srv_err(srv_error *e, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
@@ -33,16 +36,27 @@ enum { SET_TEMP = 1, SET_TOP_P = 2, SET_TOP_K = 4, SET_MIN_P = 8, SET_REP = 16, 
 
 enum { TOOLS_NONE, TOOLS_AUTO, TOOLS_REQUIRED, TOOLS_NAMED };
 
+#define SRV_MAX_CHOICES 16 /* n and best_of */
+#define SRV_MAX_PROMPTS 64 /* prompts in one /v1/completions request */
+#define SRV_MAX_JOBS 64    /* prompts x best_of */
+
+typedef struct {
+    const char *text; /* borrowed from root; NULL when given as ids */
+    size_t len;
+    int32_t *ids;     /* owned */
+    int n_ids;
+} srv_prompt;
+
 typedef struct {
     req_kind kind;
     json_t *root;            /* the parsed body (owned) */
     json_t *messages;        /* chat: a normalised copy (owned; developer -> system) */
     const json_t *tools;     /* chat: borrowed from root; NULL if absent or tool_choice "none" */
     int tool_choice;
-    const char *prompt;      /* completion: text (borrowed from root) */
-    size_t prompt_len;
-    int32_t *prompt_ids;     /* completion: given as token ids (owned) */
-    int n_prompt_ids;
+    srv_prompt *prompts;     /* completion: one or more prompts, text or token ids (owned) */
+    int n_prompts;
+    int n, best_of;          /* choices per prompt; candidates they are chosen from (>= n) */
+    bool echo;               /* completion: the prompt precedes the text */
     const char *model;       /* "" when absent */
     bool stream, include_usage;
     long max_tokens;         /* -1: not given */
@@ -61,9 +75,28 @@ typedef struct {
 /* Parse and validate `len` bytes of body. 0, or -1 with e filled (r is then
  * freed already). */
 int srv_parse_request(const char *body, size_t len, req_kind kind, srv_request *r, srv_error *e);
+/* The same, from a parsed body (taken over: freed with r or on error). */
+int srv_parse_request_json(json_t *root, req_kind kind, srv_request *r, srv_error *e);
 void srv_request_free(srv_request *r);
 
-/* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e. */
+/* Parse a JSON object body for the small endpoints (/tokenize, ...). NULL + e.
+ * Bodies with more than srv_json_max_values values get a 413 before jansson
+ * builds them (it spends tens of bytes per value). */
 json_t *srv_parse_object(const char *body, size_t len, srv_error *e);
+
+#define SRV_JSON_MAX_VALUES ((size_t)1 << 20)
+extern size_t srv_json_max_values; /* --max-json-values; SRV_JSON_MAX_VALUES by default */
+
+/* An upper bound on the JSON values in p[0..n) (strings, numbers, literals,
+ * arrays, objects; object keys count too), in one linear pass; counting stops
+ * past `stop`. Any bytes are accepted. */
+size_t srv_json_count_values(const char *p, size_t n, size_t stop);
+
+/* Header checks made before any body byte is read (pure, fuzzed). */
+/* Is `host` (a Host header: name or [v6], optional :port) in the comma-separated
+ * list `allowed`? "*" in the list allows any. */
+bool srv_host_allowed(const char *host, const char *allowed);
+/* Is `ctype` application/json (any case, optional parameters)? */
+bool srv_ctype_json(const char *ctype);
 
 #endif

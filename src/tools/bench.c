@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "../backend/backend.h"
-#include "../cli/commands.h"
 #include "../util/diag.h"
+#include "bench.h"
 
 typedef struct {
     int n, cap;
@@ -88,17 +88,9 @@ double lilac_cuda_copy_bandwidth(void);
 double lilac_cuda_mem_used(void);
 #endif
 
-int cmd_bench(int argc, char **argv) {
-    const char *model = NULL, *backend = NULL, *lens_s = "256,512,1024,2048,4096", *json = NULL;
-    long steps = 64, rounds = 3, threads = 0;
-    for (int i = 1; i < argc; i++)
-        if (!opt_str(argc, argv, &i, "--model", &model) && !opt_str(argc, argv, &i, "--backend", &backend) &&
-            !opt_str(argc, argv, &i, "--prompt-lens", &lens_s) && !opt_str(argc, argv, &i, "--json", &json) &&
-            !opt_int(argc, argv, &i, "--decode-steps", &steps) && !opt_int(argc, argv, &i, "--rounds", &rounds) &&
-            !opt_int(argc, argv, &i, "--threads", &threads))
-            opt_unknown("bench", argv[i]);
-    if (!model) model = getenv("LILAC_MODEL");
-    if (!model) lilac_die("usage: lilac bench --model DIR [--prompt-lens 256,512,...] [--decode-steps 64] [--rounds 3] [--json F]");
+int lilac_bench(const lilac_bench_opts *o) {
+    const char *const model = o->model, *backend = o->backend, *lens_s = o->prompt_lens, *json = o->json;
+    const long steps = o->decode_steps, rounds = o->rounds, threads = o->threads;
     if (steps < 1 || rounds < 1) lilac_die("--decode-steps and --rounds must be >= 1");
     if (threads > 0) omp_set_num_threads((int)threads);
     lilac_err err = {{0}};
@@ -112,7 +104,7 @@ int cmd_bench(int argc, char **argv) {
     lilac_model m;
     if (lilac_model_load(&m, model, &err) < 0) lilac_die("%s", err.msg);
     const int64_t V = m.cfg.vocab;
-    /* LILAC_BENCH_TWO (an experiment, docs/perf.md run 151): after each length's rounds, time forward() of one token
+    /* LILAC_BENCH_TWO (a diagnostic, util/diag.h): after each length's rounds, time forward() of one token
      * and of two (what checking two drafted tokens costs through forward()'s many-token path); 51 more positions */
     const bool two_tok = lilac_diag()->bench_two;
     lilac_session *s = be->session_new(&m, max_len + steps + 2 + (two_tok ? 64 : 0), (int)threads, &err);

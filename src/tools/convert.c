@@ -41,11 +41,12 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../cli/commands.h"
 #include "../model/config.h"
 #include "../model/quantize.h"
 #include "../model/safetensors.h"
+#include "../model/tensors.h"
 #include "../util/diag.h"
+#include "../util/sbuf.h"
 #include "convert.h"
 
 
@@ -129,14 +130,6 @@ typedef struct {
     bool *used;     /* per input tensor: consumed by the plan */
 } ctx;
 
-static const char *dims_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
-    size_t len = 0;
-    len += (size_t)snprintf(buf + len, cap - len, "[");
-    for (int i = 0; i < ndim && len < cap; i++) len += (size_t)snprintf(buf + len, cap - len, i ? ",%lld" : "%lld", (long long)shape[i]);
-    if (len < cap) snprintf(buf + len, cap - len, "]");
-    return buf;
-}
-
 /* Find source tensor `name`, check its shape and that its dtype is one we convert. */
 static const st_tensor *need(ctx *C, const char *name, int ndim, int64_t a, int64_t b, int64_t c) {
     const st_tensor *t = st_find(C->st, name);
@@ -149,8 +142,8 @@ static const st_tensor *need(ctx *C, const char *name, int ndim, int64_t a, int6
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
     char s1[96], s2[96];
     if (!ok) {
-        lilac_fail(C->err, "convert: tensor %s: expected shape %s, found %s", name, dims_str(ndim, want, s1, sizeof s1),
-                   dims_str(t->ndim, t->shape, s2, sizeof s2));
+        lilac_fail(C->err, "convert: tensor %s: expected shape %s, found %s", name, lilac_shape_str(s1, sizeof s1, ndim, want),
+                   lilac_shape_str(s2, sizeof s2, t->ndim, t->shape));
         return NULL;
     }
     if (t->dtype != ST_BF16 && !(t->dtype == ST_F32 && C->cast_bf16)) {
@@ -181,15 +174,8 @@ static int add_matrix(plan *P, ctx *C, const char *out, const st_tensor *src, in
     const int bits = gate8 ? 8 : C->bits, group = gate8 ? 64 : C->group;
     if (cols % group) return lilac_fail(C->err, "convert: %s: width %lld is not a multiple of 64", src->name, (long long)cols);
     job *j = add_job(P);
-    j->kind = K_QUANT;
-    j->src = src;
-    j->E = E;
-    j->rows = rows;
-    j->cols = cols;
-    j->src_rows_e = src_rows_e;
-    j->row0 = row0;
-    j->bits = bits;
-    j->group = group;
+    *j = (job){.kind = K_QUANT, .src = src, .E = E, .rows = rows, .cols = cols, .src_rows_e = src_rows_e, .row0 = row0,
+               .bits = bits, .group = group};
     int64_t sw[3], ss[3];
     int nd = stacked ? 3 : 2, k = 0;
     if (stacked) sw[k] = ss[k] = E, k++;
@@ -215,17 +201,56 @@ static int add_vec(plan *P, ctx *C, const char *out, const st_tensor *src, job_k
     return 0;
 }
 
+/* One tensor of layer l (tensors.h): its HF source checked, its MLX output(s) planned. */
+static int add_layer_tensor(plan *P, ctx *C, const lilac_layer_tensor *lt, int l) {
+    const lilac_config *c = C->cfg;
+    const int64_t rows = lilac_dim_size(c, lt->rows), cols = lilac_dim_size(c, lt->cols), E = c->n_experts;
+    char s[240], o[240];
+    lilac_tensor_hf_name(s, sizeof s, lt, l);
+    lilac_tensor_mlx_name(o, sizeof o, lt, l);
+    const st_tensor *t;
+    switch (lt->kind) {
+    case TK_MATRIX:
+        if (!(t = need(C, s, 2, rows, cols, 0))) return -1;
+        return add_matrix(P, C, o, t, 1, rows, cols, rows, 0, lt->bits == 8);
+    case TK_EXPERTS: {
+        const int64_t parts = lt->hf_parts > 1 ? lt->hf_parts : 1;
+        if (lt->hf_parts > 1 && lt->hf_part == 0 && !st_find(C->st, s)) {
+            char alt[240];
+            snprintf(alt, sizeof alt, LILAC_HF_LAYER "mlp.experts.0.gate_proj.weight", l);
+            if (st_find(C->st, alt))
+                return lilac_fail(C->err, "convert: %s: experts stored one by one; only the fused layout "
+                                          "(mlp.experts.gate_up_proj, as in Qwen/Qwen3.6-35B-A3B) is supported", alt);
+        }
+        if (!(t = need(C, s, 3, E, parts * rows, cols))) return -1;
+        return add_matrix(P, C, o, t, E, rows, cols, parts * rows, lt->hf_part * rows, false);
+    }
+    case TK_CONV: {
+        const int64_t K = c->conv_kernel, cs[3] = {rows, K, 1};
+        if (!(t = need(C, s, 3, rows, 1, K))) return -1;
+        return add_vec(P, C, o, t, K_BF16, 3, cs);
+    }
+    case TK_GAIN:
+    case TK_NORM_W:
+    case TK_DT_BIAS:
+    case TK_A_LOG:
+        if (!(t = need(C, s, 1, rows, 0, 0))) return -1;
+        /* A_log stays as stored (mlx-lm's cast_predicate); norm gains become bf16(1+w); the rest is cast */
+        add_vec(P, C, o, t, lt->kind == TK_A_LOG ? K_KEEP : lt->kind == TK_GAIN ? K_NORM : K_BF16, 1, t->shape);
+        if (lt->flags & TF_NONLEAF) P->t[P->nt - 1].numel_orig = 0;
+        return 0;
+    }
+    return 0;
+}
+
 /* Every output tensor, in the order of mlx-lm's model.parameters() (which decides
  * the shard split). */
 static int build_plan(plan *P, ctx *C, bool keep_mtp) {
     const lilac_config *c = C->cfg;
-    const int64_t H = c->hidden, V = c->vocab, E = c->n_experts, I = c->moe_inter, SI = c->shared_inter;
-    const int64_t KD = cfg_lin_key_dim(c), VD = cfg_lin_val_dim(c), CD = cfg_conv_dim(c);
-    const int64_t Hv = c->lin_v_heads, hd = c->head_dim, K = c->conv_kernel;
+    const int64_t H = c->hidden, V = c->vocab;
     const char *HP = "model.language_model.", *OP = "language_model.model.";
     char s[240], o[240];
     const st_tensor *t;
-    (void)KD;
 #define SRC(...) (snprintf(s, sizeof s, __VA_ARGS__), s)
 #define OUT(...) (snprintf(o, sizeof o, __VA_ARGS__), o)
 #define NEED(nd, a, b, cc) if (!(t = need(C, s, nd, a, b, cc))) return -1
@@ -233,98 +258,12 @@ static int build_plan(plan *P, ctx *C, bool keep_mtp) {
     SRC("%sembed_tokens.weight", HP);
     NEED(2, V, H, 0);
     if (add_matrix(P, C, OUT("%sembed_tokens", OP), t, 1, V, H, V, 0, false)) return -1;
-    for (int l = 0; l < c->n_layers; l++) {
-        char hp[96], op[96];
-        snprintf(hp, sizeof hp, "%slayers.%d.", HP, l);
-        snprintf(op, sizeof op, "%slayers.%d.", OP, l);
-        if (!c->is_full[l]) {
-            SRC("%slinear_attn.conv1d.weight", hp);
-            NEED(3, CD, 1, K);
-            int64_t cs[3] = {CD, K, 1};
-            add_vec(P, C, OUT("%slinear_attn.conv1d.weight", op), t, K_BF16, 3, cs);
-            SRC("%slinear_attn.in_proj_qkv.weight", hp);
-            NEED(2, CD, H, 0);
-            if (add_matrix(P, C, OUT("%slinear_attn.in_proj_qkv", op), t, 1, CD, H, CD, 0, false)) return -1;
-            SRC("%slinear_attn.in_proj_z.weight", hp);
-            NEED(2, VD, H, 0);
-            if (add_matrix(P, C, OUT("%slinear_attn.in_proj_z", op), t, 1, VD, H, VD, 0, false)) return -1;
-            SRC("%slinear_attn.in_proj_b.weight", hp);
-            NEED(2, Hv, H, 0);
-            if (add_matrix(P, C, OUT("%slinear_attn.in_proj_b", op), t, 1, Hv, H, Hv, 0, false)) return -1;
-            SRC("%slinear_attn.in_proj_a.weight", hp);
-            NEED(2, Hv, H, 0);
-            if (add_matrix(P, C, OUT("%slinear_attn.in_proj_a", op), t, 1, Hv, H, Hv, 0, false)) return -1;
-            SRC("%slinear_attn.dt_bias", hp);
-            NEED(1, Hv, 0, 0);
-            add_vec(P, C, OUT("%slinear_attn.dt_bias", op), t, K_BF16, 1, t->shape);
-            P->t[P->nt - 1].numel_orig = 0; /* a parameter of a non-leaf module: not in total_parameters */
-            SRC("%slinear_attn.A_log", hp);
-            NEED(1, Hv, 0, 0);
-            add_vec(P, C, OUT("%slinear_attn.A_log", op), t, K_KEEP, 1, t->shape); /* cast_predicate: kept */
-            P->t[P->nt - 1].numel_orig = 0;
-            SRC("%slinear_attn.norm.weight", hp);
-            NEED(1, c->lin_v_dim, 0, 0);
-            add_vec(P, C, OUT("%slinear_attn.norm.weight", op), t, K_BF16, 1, t->shape); /* not shifted */
-            SRC("%slinear_attn.out_proj.weight", hp);
-            NEED(2, H, VD, 0);
-            if (add_matrix(P, C, OUT("%slinear_attn.out_proj", op), t, 1, H, VD, H, 0, false)) return -1;
-        } else {
-            const int64_t QW = 2 * (int64_t)c->n_heads * hd, KW = (int64_t)c->n_kv_heads * hd;
-            SRC("%sself_attn.q_proj.weight", hp);
-            NEED(2, QW, H, 0);
-            if (add_matrix(P, C, OUT("%sself_attn.q_proj", op), t, 1, QW, H, QW, 0, false)) return -1;
-            SRC("%sself_attn.k_proj.weight", hp);
-            NEED(2, KW, H, 0);
-            if (add_matrix(P, C, OUT("%sself_attn.k_proj", op), t, 1, KW, H, KW, 0, false)) return -1;
-            SRC("%sself_attn.v_proj.weight", hp);
-            NEED(2, KW, H, 0);
-            if (add_matrix(P, C, OUT("%sself_attn.v_proj", op), t, 1, KW, H, KW, 0, false)) return -1;
-            SRC("%sself_attn.o_proj.weight", hp);
-            NEED(2, H, (int64_t)c->n_heads * hd, 0);
-            if (add_matrix(P, C, OUT("%sself_attn.o_proj", op), t, 1, H, (int64_t)c->n_heads * hd, H, 0, false)) return -1;
-            SRC("%sself_attn.q_norm.weight", hp);
-            NEED(1, hd, 0, 0);
-            add_vec(P, C, OUT("%sself_attn.q_norm.weight", op), t, K_NORM, 1, t->shape);
-            SRC("%sself_attn.k_norm.weight", hp);
-            NEED(1, hd, 0, 0);
-            add_vec(P, C, OUT("%sself_attn.k_norm.weight", op), t, K_NORM, 1, t->shape);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int k = 0; k < lilac_n_layer_tensors; k++) {
+            const lilac_layer_tensor *lt = &lilac_layer_tensors[k];
+            if (!lilac_tensor_in_layer(lt, c, l)) continue;
+            if (add_layer_tensor(P, C, lt, l) < 0) return -1;
         }
-        SRC("%sinput_layernorm.weight", hp);
-        NEED(1, H, 0, 0);
-        add_vec(P, C, OUT("%sinput_layernorm.weight", op), t, K_NORM, 1, t->shape);
-        SRC("%spost_attention_layernorm.weight", hp);
-        NEED(1, H, 0, 0);
-        add_vec(P, C, OUT("%spost_attention_layernorm.weight", op), t, K_NORM, 1, t->shape);
-        SRC("%smlp.gate.weight", hp);
-        NEED(2, E, H, 0);
-        if (add_matrix(P, C, OUT("%smlp.gate", op), t, 1, E, H, E, 0, true)) return -1;
-        SRC("%smlp.experts.gate_up_proj", hp);
-        if (!st_find(C->st, s)) {
-            char alt[240];
-            snprintf(alt, sizeof alt, "%smlp.experts.0.gate_proj.weight", hp);
-            if (st_find(C->st, alt))
-                return lilac_fail(C->err, "convert: %s: experts stored one by one; only the fused layout "
-                                          "(mlp.experts.gate_up_proj, as in Qwen/Qwen3.6-35B-A3B) is supported", alt);
-        }
-        NEED(3, E, 2 * I, H);
-        if (add_matrix(P, C, OUT("%smlp.switch_mlp.gate_proj", op), t, E, I, H, 2 * I, 0, false)) return -1;
-        if (add_matrix(P, C, OUT("%smlp.switch_mlp.up_proj", op), t, E, I, H, 2 * I, I, false)) return -1;
-        SRC("%smlp.experts.down_proj", hp);
-        NEED(3, E, H, I);
-        if (add_matrix(P, C, OUT("%smlp.switch_mlp.down_proj", op), t, E, H, I, H, 0, false)) return -1;
-        SRC("%smlp.shared_expert.gate_proj.weight", hp);
-        NEED(2, SI, H, 0);
-        if (add_matrix(P, C, OUT("%smlp.shared_expert.gate_proj", op), t, 1, SI, H, SI, 0, false)) return -1;
-        SRC("%smlp.shared_expert.down_proj.weight", hp);
-        NEED(2, H, SI, 0);
-        if (add_matrix(P, C, OUT("%smlp.shared_expert.down_proj", op), t, 1, H, SI, H, 0, false)) return -1;
-        SRC("%smlp.shared_expert.up_proj.weight", hp);
-        NEED(2, SI, H, 0);
-        if (add_matrix(P, C, OUT("%smlp.shared_expert.up_proj", op), t, 1, SI, H, SI, 0, false)) return -1;
-        SRC("%smlp.shared_expert_gate.weight", hp);
-        NEED(2, 1, H, 0);
-        if (add_matrix(P, C, OUT("%smlp.shared_expert_gate", op), t, 1, 1, H, 1, 0, true)) return -1;
-    }
     SRC("%snorm.weight", HP);
     NEED(1, H, 0, 0);
     add_vec(P, C, OUT("%snorm.weight", OP), t, K_NORM, 1, t->shape);
@@ -348,7 +287,7 @@ static int build_plan(plan *P, ctx *C, bool keep_mtp) {
         if (mtp) continue;
         return lilac_fail(C->err, "convert: unexpected tensor %s (%s %s) in %s: not part of a qwen3_5_moe checkpoint "
                                   "with this config", x->name, st_dtype_name(x->dtype),
-                          dims_str(x->ndim, x->shape, s, sizeof s), C->st->shards[x->shard].path);
+                          lilac_shape_str(s, sizeof s, x->ndim, x->shape), C->st->shards[x->shard].path);
     }
 #undef SRC
 #undef OUT
@@ -481,36 +420,11 @@ static int fsync_path(const char *p) {
 /* ------------------------------------------------------------------------- */
 /* Python json.dump(obj, indent=4) (ensure_ascii, shortest float repr).       */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-} sbuf_t;
-
-static void sb_put(sbuf_t *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        while (b->len + n + 1 > b->cap) b->cap = b->cap ? 2 * b->cap : 4096;
-        b->p = xrealloc(b->p, b->cap);
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-static void sb_str(sbuf_t *b, const char *s) { sb_put(b, s, strlen(s)); }
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_fmt(sbuf_t *b, const char *fmt, ...) {
-    char tmp[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    sb_put(b, tmp, n < 0 ? 0 : ((size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1));
-}
-
 /* repr(float) */
-static void py_float(sbuf_t *b, double d) {
-    if (isnan(d)) { sb_str(b, "NaN"); return; }
-    if (isinf(d)) { sb_str(b, d > 0 ? "Infinity" : "-Infinity"); return; }
-    if (d == 0) { sb_str(b, signbit(d) ? "-0.0" : "0.0"); return; }
+static void py_float(sbuf *b, double d) {
+    if (isnan(d)) { sb_puts(b, "NaN"); return; }
+    if (isinf(d)) { sb_puts(b, d > 0 ? "Infinity" : "-Infinity"); return; }
+    if (d == 0) { sb_puts(b, signbit(d) ? "-0.0" : "0.0"); return; }
     char tmp[64];
     int p;
     for (p = 0; p < 17; p++) {
@@ -528,30 +442,30 @@ static void py_float(sbuf_t *b, double d) {
         q++;
     }
     int ex = atoi(q + 1);
-    if (neg) sb_str(b, "-");
+    if (neg) sb_puts(b, "-");
     if (ex >= -4 && ex < 16) {
         if (ex >= 0) {
             for (int i = 0; i <= ex; i++) sb_put(b, i < nd ? &digits[i] : "0", 1);
-            sb_str(b, ".");
+            sb_puts(b, ".");
             if (nd > ex + 1) sb_put(b, digits + ex + 1, (size_t)(nd - ex - 1));
-            else sb_str(b, "0");
+            else sb_puts(b, "0");
         } else {
-            sb_str(b, "0.");
-            for (int i = 0; i < -ex - 1; i++) sb_str(b, "0");
+            sb_puts(b, "0.");
+            for (int i = 0; i < -ex - 1; i++) sb_puts(b, "0");
             sb_put(b, digits, (size_t)nd);
         }
     } else {
         sb_put(b, digits, 1);
         if (nd > 1) {
-            sb_str(b, ".");
+            sb_puts(b, ".");
             sb_put(b, digits + 1, (size_t)(nd - 1));
         }
-        sb_fmt(b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
+        sb_printf(b, "e%c%02d", ex < 0 ? '-' : '+', ex < 0 ? -ex : ex);
     }
 }
 
-static void py_string(sbuf_t *b, const char *s, size_t n) {
-    sb_str(b, "\"");
+static void py_string(sbuf *b, const char *s, size_t n) {
+    sb_puts(b, "\"");
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)s[i];
         uint32_t cp;
@@ -563,13 +477,13 @@ static void py_string(sbuf_t *b, const char *s, size_t n) {
         else cp = 0xFFFD;
         i += (size_t)len;
         switch (cp) {
-        case '"': sb_str(b, "\\\""); continue;
-        case '\\': sb_str(b, "\\\\"); continue;
-        case '\n': sb_str(b, "\\n"); continue;
-        case '\r': sb_str(b, "\\r"); continue;
-        case '\t': sb_str(b, "\\t"); continue;
-        case '\b': sb_str(b, "\\b"); continue;
-        case '\f': sb_str(b, "\\f"); continue;
+        case '"': sb_puts(b, "\\\""); continue;
+        case '\\': sb_puts(b, "\\\\"); continue;
+        case '\n': sb_puts(b, "\\n"); continue;
+        case '\r': sb_puts(b, "\\r"); continue;
+        case '\t': sb_puts(b, "\\t"); continue;
+        case '\b': sb_puts(b, "\\b"); continue;
+        case '\f': sb_puts(b, "\\f"); continue;
         default: break;
         }
         if (cp >= 0x20 && cp <= 0x7E) {
@@ -577,64 +491,64 @@ static void py_string(sbuf_t *b, const char *s, size_t n) {
             sb_put(b, &ch, 1);
         } else if (cp >= 0x10000) {
             cp -= 0x10000;
-            sb_fmt(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+            sb_printf(b, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
         } else {
-            sb_fmt(b, "\\u%04x", cp);
+            sb_printf(b, "\\u%04x", cp);
         }
     }
-    sb_str(b, "\"");
+    sb_puts(b, "\"");
 }
 
-static void py_indent(sbuf_t *b, int level) {
-    sb_str(b, "\n");
-    for (int i = 0; i < level; i++) sb_str(b, "    ");
+static void py_indent(sbuf *b, int level) {
+    sb_puts(b, "\n");
+    for (int i = 0; i < level; i++) sb_puts(b, "    ");
 }
 
 static int cmp_key(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static void py_json(sbuf_t *b, json_t *v, int level, bool sort) {
+static void py_json(sbuf *b, json_t *v, int level, bool sort) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         size_t n = json_object_size(v);
-        if (!n) { sb_str(b, "{}"); return; }
+        if (!n) { sb_puts(b, "{}"); return; }
         const char **keys = xmalloc(sizeof(char *) * n);
         size_t k = 0;
         const char *key;
         json_t *val;
         json_object_foreach(v, key, val) keys[k++] = key;
         if (sort) qsort(keys, n, sizeof *keys, cmp_key);
-        sb_str(b, "{");
+        sb_puts(b, "{");
         for (size_t i = 0; i < n; i++) {
             py_indent(b, level + 1);
             py_string(b, keys[i], strlen(keys[i]));
-            sb_str(b, ": ");
+            sb_puts(b, ": ");
             py_json(b, json_object_get(v, keys[i]), level + 1, false);
-            if (i + 1 < n) sb_str(b, ",");
+            if (i + 1 < n) sb_puts(b, ",");
         }
         py_indent(b, level);
-        sb_str(b, "}");
+        sb_puts(b, "}");
         free(keys);
         return;
     }
     case JSON_ARRAY: {
         size_t n = json_array_size(v);
-        if (!n) { sb_str(b, "[]"); return; }
-        sb_str(b, "[");
+        if (!n) { sb_puts(b, "[]"); return; }
+        sb_puts(b, "[");
         for (size_t i = 0; i < n; i++) {
             py_indent(b, level + 1);
             py_json(b, json_array_get(v, i), level + 1, false);
-            if (i + 1 < n) sb_str(b, ",");
+            if (i + 1 < n) sb_puts(b, ",");
         }
         py_indent(b, level);
-        sb_str(b, "]");
+        sb_puts(b, "]");
         return;
     }
     case JSON_STRING: py_string(b, json_string_value(v), json_string_length(v)); return;
-    case JSON_INTEGER: sb_fmt(b, "%lld", (long long)json_integer_value(v)); return;
+    case JSON_INTEGER: sb_printf(b, "%lld", (long long)json_integer_value(v)); return;
     case JSON_REAL: py_float(b, json_real_value(v)); return;
-    case JSON_TRUE: sb_str(b, "true"); return;
-    case JSON_FALSE: sb_str(b, "false"); return;
-    case JSON_NULL: sb_str(b, "null"); return;
+    case JSON_TRUE: sb_puts(b, "true"); return;
+    case JSON_FALSE: sb_puts(b, "false"); return;
+    case JSON_NULL: sb_puts(b, "null"); return;
     }
 }
 
@@ -682,27 +596,27 @@ static int write_config(const char *from, const char *path, const lilac_config *
     json_object_set_new(q, "group_size", json_integer(group));
     json_object_set_new(q, "bits", json_integer(bits));
     json_object_set_new(q, "mode", json_string("affine"));
-    for (int l = 0; l < c->n_layers; l++) {
-        char k[160];
-        static const char *const gates[2] = {"mlp.gate", "mlp.shared_expert_gate"};
-        for (int g = 0; g < 2; g++) {
-            snprintf(k, sizeof k, "language_model.model.layers.%d.%s", l, gates[g]);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < lilac_n_layer_tensors; i++) { /* the 8-bit gates */
+            const lilac_layer_tensor *t = &lilac_layer_tensors[i];
+            if (!lilac_tensor_is_matrix(t) || t->bits != 8 || !lilac_tensor_in_layer(t, c, l)) continue;
+            char k[200];
+            lilac_tensor_mlx_name(k, sizeof k, t, l);
             json_t *ov = json_object();
             json_object_set_new(ov, "group_size", json_integer(64));
             json_object_set_new(ov, "bits", json_integer(8));
             json_object_set_new(q, k, ov);
         }
-    }
     json_object_set(root, "quantization", q);
     json_object_set_new(root, "quantization_config", q);
     json_object_del(root, "_name_or_path");
     json_object_del(root, "vision_config");
-    sbuf_t b = {0};
+    sbuf b = {0};
     py_json(&b, root, 0, true);
     json_decref(root);
     FILE *f = fopen(path, "wb");
     int rc = 0;
-    if (!f || fwrite(b.p, 1, b.len, f) != b.len || fflush(f) != 0 || fsync(fileno(f)) != 0) rc = -1;
+    if (!f || fwrite(b.p, 1, b.n, f) != b.n || fflush(f) != 0 || fsync(fileno(f)) != 0) rc = -1;
     if (f && fclose(f) != 0) rc = -1;
     free(b.p);
     if (rc) return lilac_fail(err, "convert: writing %s failed: %s", path, strerror(errno));
@@ -770,7 +684,7 @@ static void elem_index(const st_tensor *t, int64_t i, char *buf, size_t cap) {
         idx[d] = t->shape[d] ? i % t->shape[d] : 0;
         i = t->shape[d] ? i / t->shape[d] : 0;
     }
-    dims_str(t->ndim, idx, buf, cap);
+    lilac_shape_str(buf, cap, t->ndim, idx);
 }
 
 /* The byte range of the input a unit reads. */
@@ -1026,22 +940,22 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         for (int i = 0; i < P.nt; i++)
             if (P.t[i].shard == sh) sorted[n++] = &P.t[i];
         qsort(sorted, (size_t)n, sizeof *sorted, cmp_otensor_name);
-        sbuf_t h = {0};
-        sb_str(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
+        sbuf h = {0};
+        sb_puts(&h, "{\"__metadata__\":{\"format\":\"mlx\"}");
         size_t off = 0;
         for (int i = 0; i < n; i++) {
             otensor *t = sorted[i];
             t->off = off;
-            sb_fmt(&h, ",\"%s\":{\"data_offsets\":[%zu,%zu],\"dtype\":\"%s\",\"shape\":[", t->name, off, off + t->nbytes,
+            sb_printf(&h, ",\"%s\":{\"data_offsets\":[%zu,%zu],\"dtype\":\"%s\",\"shape\":[", t->name, off, off + t->nbytes,
                    st_dtype_name(t->dtype));
-            for (int d = 0; d < t->ndim; d++) sb_fmt(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
-            sb_str(&h, "]}");
+            for (int d = 0; d < t->ndim; d++) sb_printf(&h, d ? ",%lld" : "%lld", (long long)t->shape[d]);
+            sb_puts(&h, "]}");
             off += t->nbytes;
         }
-        sb_str(&h, "}");
+        sb_puts(&h, "}");
         headers[sh] = h.p;
-        hlen[sh] = h.len;
-        shard_size[sh] = 8 + h.len + off;
+        hlen[sh] = h.n;
+        shard_size[sh] = 8 + h.n + off;
         out_total += shard_size[sh];
     }
     for (int i = 0; i < P.nt; i++) {
@@ -1180,8 +1094,8 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
 
     /* Index, config, tokenizer and template files. */
     {
-        sbuf_t ix = {0};
-        sb_fmt(&ix, "{\n    \"metadata\": {\n        \"total_size\": %zu,\n        \"total_parameters\": %lld\n    },\n    \"weight_map\": {",
+        sbuf ix = {0};
+        sb_printf(&ix, "{\n    \"metadata\": {\n        \"total_size\": %zu,\n        \"total_parameters\": %lld\n    },\n    \"weight_map\": {",
                total_size, (long long)total_params);
         otensor **byname = xmalloc(sizeof(otensor *) * (size_t)(P.nt ? P.nt : 1));
         for (int i = 0; i < P.nt; i++) byname[i] = &P.t[i];
@@ -1189,15 +1103,15 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         for (int i = 0; i < P.nt; i++) {
             if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
             else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", byname[i]->shard + 1, n_shards);
-            sb_str(&ix, "\n        ");
+            sb_puts(&ix, "\n        ");
             py_string(&ix, byname[i]->name, strlen(byname[i]->name));
-            sb_fmt(&ix, ": \"%s\"%s", fname, i + 1 < P.nt ? "," : "");
+            sb_printf(&ix, ": \"%s\"%s", fname, i + 1 < P.nt ? "," : "");
         }
-        sb_str(&ix, P.nt ? "\n    }\n}" : "}\n}");
+        sb_puts(&ix, P.nt ? "\n    }\n}" : "}\n}");
         free(byname);
         char *p = pjoin(tmp, "model.safetensors.index.json");
         FILE *f = fopen(p, "wb");
-        int bad = !f || fwrite(ix.p, 1, ix.len, f) != ix.len || fflush(f) != 0 || fsync(fileno(f)) != 0;
+        int bad = !f || fwrite(ix.p, 1, ix.n, f) != ix.n || fflush(f) != 0 || fsync(fileno(f)) != 0;
         if (f && fclose(f) != 0) bad = 1;
         free(ix.p);
         if (bad) {
@@ -1286,25 +1200,4 @@ out:
     st_close(&st);
     lilac_config_free(&cfg);
     return rc;
-}
-
-int cmd_convert(int argc, char **argv) {
-    const char *from = NULL, *to = NULL;
-    long bits = 4, group = 64, threads = 0, shard_mb = 0;
-    bool keep_mtp = false, quiet = false;
-    for (int i = 1; i < argc; i++)
-        if (!opt_str(argc, argv, &i, "--from", &from) && !opt_str(argc, argv, &i, "--to", &to) &&
-            !opt_int(argc, argv, &i, "--bits", &bits) && !opt_int(argc, argv, &i, "--group-size", &group) &&
-            !opt_int(argc, argv, &i, "--threads", &threads) && !opt_int(argc, argv, &i, "--shard-mb", &shard_mb) &&
-            !opt_flag(argc, argv, &i, "--keep-mtp", &keep_mtp) && !opt_flag(argc, argv, &i, "--quiet", &quiet))
-            opt_unknown("convert", argv[i]);
-    if (!from || !to)
-        lilac_die("usage: lilac convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N] [--quiet]");
-    if (threads < 0 || threads > 4096) lilac_die("--threads must be in 0..4096");
-    if (shard_mb < 0) lilac_die("--shard-mb must be positive");
-    lilac_convert_opts o = {.bits = (int)bits, .group = (int)group, .keep_mtp = keep_mtp, .quiet = quiet,
-                            .threads = (int)threads, .shard_bytes = (size_t)shard_mb << 20};
-    lilac_err err = {{0}};
-    if (lilac_convert(from, to, &o, &err) < 0) lilac_die("%s", err.msg);
-    return 0;
 }

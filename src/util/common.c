@@ -3,6 +3,9 @@
 #include "common.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,13 +115,53 @@ char *lilac_read_stream(FILE *f, const char *name, size_t *len, lilac_err *err) 
     return buf;
 }
 
-char *lilac_read_file(const char *path, size_t *len, lilac_err *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        lilac_fail(err, "%s: %s", path, strerror(errno));
-        return NULL;
+int lilac_open_regular(const char *path, size_t max, size_t *size, lilac_err *err) {
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; on a regular file it changes nothing */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return lilac_fail(err, "%s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return lilac_fail(err, "%s: cannot stat: %s", path, strerror(e));
     }
-    char *buf = lilac_read_stream(f, path, len, err);
-    fclose(f);
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return lilac_fail(err, "%s: not a regular file (a FIFO, device or directory is refused)", path);
+    }
+    if (sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)max) {
+        close(fd);
+        return lilac_fail(err, "%s: %lld bytes, more than the %zu this file may have", path, (long long)sb.st_size, max);
+    }
+    if (size) *size = (size_t)sb.st_size;
+    return fd;
+}
+
+char *lilac_read_file_max(const char *path, size_t max, size_t *len, lilac_err *err) {
+    size_t size = 0;
+    int fd = lilac_open_regular(path, max, &size, err);
+    if (fd < 0) return NULL;
+    char *buf = xmalloc(size + 1);
+    size_t n = 0;
+    while (n < size) { /* a file that shrinks meanwhile ends early; one that grows is read up to its size */
+        ssize_t r = read(fd, buf + n, size - n);
+        if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (r < 0) {
+            int e = errno;
+            close(fd);
+            free(buf);
+            lilac_fail(err, "%s: read error: %s", path, strerror(e));
+            return NULL;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    if (len) *len = n;
     return buf;
+}
+
+char *lilac_read_file(const char *path, size_t *len, lilac_err *err) {
+    return lilac_read_file_max(path, LILAC_READ_MAX, len, err);
 }

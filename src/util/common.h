@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* The release, printed by `lilac --version` and served at /version and /props. */
+#define LILAC_VERSION "0.1.0"
+
 /* Error reporting without exceptions: a function that can fail takes a
  * `lilac_err *` and fills it with one human-readable line; callers decide
  * whether to print and exit. The message always names the file/tensor/field. */
@@ -58,8 +61,15 @@ double lilac_now(void);
 int lilac_parse_ids(const char *s, int32_t **out, lilac_err *err);
 
 /* Read a whole file (or an open stream, e.g. stdin) into a NUL-terminated
- * buffer. NULL + err on failure. */
+ * buffer. NULL + err on failure. Files: regular files only (a FIFO or device
+ * such as /dev/zero is refused, and never waited on: the open is
+ * non-blocking), at most `max` bytes (LILAC_READ_MAX for lilac_read_file). */
+#define LILAC_READ_MAX ((size_t)256 << 20)
 char *lilac_read_file(const char *path, size_t *len, lilac_err *err);
+char *lilac_read_file_max(const char *path, size_t max, size_t *len, lilac_err *err);
+/* Open a regular file of at most `max` bytes for reading (non-blocking open,
+ * as above); its size in *size. The descriptor, or -1 + err. */
+int lilac_open_regular(const char *path, size_t max, size_t *size, lilac_err *err);
 char *lilac_read_stream(FILE *f, const char *name, size_t *len, lilac_err *err);
 
 #endif

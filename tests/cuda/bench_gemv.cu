@@ -22,7 +22,12 @@
 #include <vector>
 
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #include "backend/cuda/cuda_packed.cuh"
 
 static const int NL = 40;    // launches per graph
@@ -336,7 +341,6 @@ int main(int argc, char **argv) {
     // (gemv_mark in cuda_gemv.cuh: 0 entry, 1 first copies issued, 2 predecessor done, 3 input
     // staged, 4+k set k reduced, 15 end), and the gap from the previous launch's end.
     if (!only) {
-        const bool marks_stage = GEMV_SMARKS; // marks 12-14 inside the staging (the kernel's sets then stop at 11)
         unsigned long long *pb = dalloc<unsigned long long>(NL * 64);
         unsigned long long hp[NL * 64];
         for (auto &jb : jobs) {
@@ -357,16 +361,12 @@ int main(int argc, char **argv) {
                     unsigned long long last = ck[0];
                     const char *nm[4] = {"issue", "wait", "stage", ""};
                     for (int i = 1; i < 16; i++) {
-                        if (!ck[i] || (marks_stage && i >= 12 && i <= 14)) continue;
+                        if (!ck[i]) continue;
                         printf(" %s%s%d %.0f", i < 4 ? nm[i - 1] : "set", "", i < 4 ? 0 : i - 4, (double)(ck[i] - last));
                         last = ck[i];
                     }
                     const double mhz = gt[15] > gt[0] ? (double)(ck[15] - ck[0]) / ((double)(gt[15] - gt[0]) / 1e3) : 0;
                     printf(" cycles; total %.2f us (%.0f MHz)\n", (double)(gt[15] - gt[0]) / 1e3, mhz);
-                    if (marks_stage && ck[12] && ck[13] && ck[14]) // bench_gemv_marks: the staging's parts
-                        printf("    staging after the wait: loads landed %.0f, block sum %.0f, pieces %.0f, barrier %.0f cycles\n",
-                               (double)(ck[12] - ck[2]), (double)(ck[13] - ck[12]), (double)(ck[14] - ck[13]),
-                               (double)(ck[3] - ck[14]));
                 }
             }
         }

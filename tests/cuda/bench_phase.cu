@@ -12,7 +12,7 @@
 //     at a grid of one block a SM, and with only warp 0 waiting for the predecessor (ONE);
 //     each line also says on how many SMs a launch had two or more of its blocks (%smid);
 //   - as one persistent cooperative kernel walking the NP phases with a grid barrier
-//     (grid_sync, the persistent decode kernel's) between them;
+//     (grid_sync, below) between them;
 // against an empty kernel's launch. A benchmark, not a test: it prints microseconds per
 // phase (docs/perf.md) and checks only that every phase ran (the vectors match the CPU's).
 //
@@ -26,7 +26,45 @@
 
 #include "cuda_test.h"
 #include "backend/cuda/cuda_common.cuh"
-#include "backend/cuda/cuda_pk.cuh"
+#include "backend/cuda/cuda_packed_dot.cuh"
+
+// ---------------------------------------------------------------- grid barrier
+// (the persistent kernel's; launched cooperatively, so every CTA is resident)
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
+// count and bumps the generation the others spin on. Writes before it are
+// visible to every CTA after it (fences around the arrival).
+__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *prof, int &nb) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (prof) prof[(2 * nb) * gridDim.x + blockIdx.x] = gtimer();
+        const unsigned g = ld_acquire(bar + 32);
+        __threadfence();
+        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+            *(volatile unsigned *)bar = 0;
+            __threadfence();
+            st_release(bar + 32, g + 1);
+        } else {
+            // A CTA that never arrives (not co-resident: impossible with a cooperative
+            // launch) would hang the GPU: after 2^28 polls (minutes), fail the launch instead.
+            for (unsigned spins = 0; *(volatile unsigned *)(bar + 32) == g; spins++)
+                if (spins > (1u << 28)) __trap();
+        }
+        __threadfence();
+        if (prof) prof[(2 * nb + 1) * gridDim.x + blockIdx.x] = gtimer();
+    }
+    nb++;
+    __syncthreads();
+}
 
 static const int N = 2048;   // the vector: the model's hidden size
 static const int NP = 64;    // phases a graph or a persistent launch

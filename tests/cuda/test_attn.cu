@@ -1,5 +1,5 @@
 // test_attn.cu — the tensor-core prefill attention (cuda_attn.cuh), the
-// GQA-packed decode attention (k_attn_dec + k_attn_combine) and the cache rows
+// GQA-packed decode attention (k_attn_dec_mma + k_attn_combine) and the cache rows
 // of k_attn_prep against a double-precision CPU reference, and their speed
 // against k_attn on the real model's shape. Run on the device:
 // build/cuda-tests/test_attn
@@ -24,7 +24,12 @@
 
 #include "cuda_test.h"
 #include "backend/cuda/cuda_attn.cuh"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 
 struct Case {
     int nh, nkv, hd, T, pos;
@@ -319,16 +324,16 @@ static bool run_prep_case(const Case &c) {
     return ok;
 }
 
-// Decode (one token at position pos): k_attn_dec over S splits, merged by
+// Decode (one token at position pos): k_attn_dec_mma over S splits, merged by
 // k_attn_combine, against the same reference; timed at the model's shape
 // against k_attn + k_attn_combine (32 splits, one block per query head).
-// k_attn_dec also norms and ropes the token's raw q and k (rotary dims hd/4,
+// k_attn_dec_mma also norms and ropes the token's raw q and k (rotary dims hd/4,
 // theta 1e7, as the model) and writes its K/V row, which starts as NaN: the
 // row is checked (K: each element the bf16 nearest the double norm + rope, up
 // to the f32 arithmetic before the rounding; V: the bf16 of v, bit for bit),
 // and the output through it (the reference takes the K row as stored: a value
 // that rounded the other way near a midpoint moves the output by up to ~1e-4).
-static bool run_dec_case(const Case &c, bool timed, bool mma) {
+static bool run_dec_case(const Case &c, bool timed) {
     const int nh = c.nh, nkv = c.nkv, hd = c.hd, pos = c.pos, S = ADEC_S, rd = hd / 4;
     const float eps = 1e-6f;
     const size_t rows = (size_t)pos + 1 + 40; // poisoned rows past the valid ones
@@ -371,17 +376,14 @@ static bool run_dec_case(const Case &c, bool timed, bool mma) {
     CK(cudaMemcpy(dinvf, invf.data(), (size_t)rd / 2 * 4, cudaMemcpyHostToDevice));
     CK(cudaMemset(dout, 0xFF, no * 4));
     CK(cudaMemset(dpart, 0xFF, (size_t)nh * S * (hd + 2) * 4));
-    const size_t sm = mma ? attn_dec_mma_smem(hd) : attn_dec_smem(hd);
-    // the kernel under test (k_attn_dec_mma or k_attn_dec) over Sx splits, with test_attn's timeline when pr
+    const size_t sm = attn_dec_mma_smem(hd);
+    // the kernel under test over Sx splits, with test_attn's timeline when pr
     auto dec = [&](int Sx, unsigned long long *pr) {
         const dim3 g((unsigned)nkv, (unsigned)Sx);
-        if (mma && hd == 128)
+        if (hd == 128)
             k_attn_dec_mma<128><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
-        else if (mma)
+        else
             k_attn_dec_mma<256><<<g, adec::NT, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
-        else if (hd == 128)
-            k_attn_dec<4><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
-        else k_attn_dec<8><<<g, ADEC_THREADS, sm>>>(dq, dkx, dvx, dqn, dkn, dinvf, rd, eps, dk, dv, dpos, nh, nkv, dpart, Sx, pr);
         CK(cudaGetLastError());
     };
     auto run = [&]() {
@@ -437,7 +439,7 @@ static bool run_dec_case(const Case &c, bool timed, bool mma) {
     const double err32 = rel_err(got32, ref, &n32);
     bool ok = err <= 1e-4 && kerr <= 2e-6 && vok && err32 <= 1e-4;
     printf("%s decode %s nh=%2d nkv=%d hd=%3d pos=%6d  max|err|/max|ref| = %.3e, its K row %.3e beyond rounding, V row %s; "
-           "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", mma ? "mma " : "cuda", nh, nkv, hd, pos, err, kerr,
+           "k_attn + combine of 32 splits %.3e", ok ? "PASS" : "FAIL", "mma ", nh, nkv, hd, pos, err, kerr,
            vok ? "exact" : "WRONG", err32);
     if (n_nan || row_nan || n32) printf("  (%zu non-finite / unwritten elements)", n_nan + row_nan + n32);
     printf("\n");
@@ -449,8 +451,8 @@ static bool run_dec_case(const Case &c, bool timed, bool mma) {
         }) * 1000.0;
         const double tc = time_ms(0, [&]() { k_attn_combine<<<attn_combine_grid(nh, 1, hd), 256>>>(dq, dpart, S, nh, hd, dout); }) * 1000.0;
         const double bytes = 2.0 * (pos + 1) * nkv * hd * sizeof(__nv_bfloat16);
-        printf("  time decode attention (%s): k_attn_dec + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
-               "combine %7.2f us: %.1fx\n", mma ? "k_attn_dec_mma" : "k_attn_dec", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
+        printf("  time decode attention (%s): k_attn_dec_mma + combine %7.2f us (%.2f TB/s of K/V; combine alone %.2f us), k_attn + "
+               "combine %7.2f us: %.1fx\n", "k_attn_dec_mma", tn, bytes / tn * 1e-6, tc, tp, tp / tn);
         // where a launch's time goes (hd 256): 20 launches in a row per split count, then one with
         // in-kernel timestamps, us from the first block's start, median / max over blocks
         if (hd == 256) {
@@ -537,29 +539,24 @@ int main(void) {
     for (const Case &c : cases) {
         const bool timed = c.nh == 16 && c.nkv == 2 && c.hd == 256 && c.T == 2048 && c.pos == 2048;
         for (int wg = 0; wg <= (wg_on && c.hd == attn_wg::HD ? 1 : 0); wg++)
-            for (int qp : {2, 1}) { // the default pieces, then LILAC_ATTN_BF16's
+            for (int qp : {2, 1}) { // the default pieces, then --attn-precision bf16's
                 if (run_case(c, timed, qp, wg))
                     pass++;
                 else
                     fail++;
             }
     }
-    CK(cudaFuncSetAttribute(k_attn_dec<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(128)));
-    CK(cudaFuncSetAttribute(k_attn_dec<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_smem(256)));
     CK(cudaFuncSetAttribute(k_attn_dec_mma<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(128)));
     CK(cudaFuncSetAttribute(k_attn_dec_mma<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)attn_dec_mma_smem(256)));
     // decode: empty splits (pos < S), one partial tile, tile edges, long contexts; GQA groups of 8, 4 and 1
-    // (each through both kernels: k_attn_dec_mma, the default, then k_attn_dec)
-    for (int mma = 1; mma >= 0; mma--) {
-        for (int pos : {0, 1, 15, 16, 17, 31, 32, 63, 64, 65, 127, 128, 129, 2047, 4095, 32767, 131071}) {
-            if (run_dec_case({16, 2, 256, 1, pos}, pos == 4095 || pos == 32767 || pos == 131071, mma)) pass++;
-            else fail++;
-        }
-        for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}, Case{12, 2, 128, 1, 5000},
-                       Case{16, 2, 256, 1, 6000}}) {
-            if (run_dec_case(c, false, mma)) pass++;
-            else fail++;
-        }
+    for (int pos : {0, 1, 15, 16, 17, 31, 32, 63, 64, 65, 127, 128, 129, 2047, 4095, 32767, 131071}) {
+        if (run_dec_case({16, 2, 256, 1, pos}, pos == 4095 || pos == 32767 || pos == 131071)) pass++;
+        else fail++;
+    }
+    for (Case c : {Case{8, 2, 128, 1, 100}, Case{4, 4, 128, 1, 777}, Case{16, 2, 256, 1, 40000}, Case{12, 2, 128, 1, 5000},
+                   Case{16, 2, 256, 1, 6000}}) {
+        if (run_dec_case(c, false)) pass++;
+        else fail++;
     }
     for (Case c : {Case{16, 2, 256, 5, 0}, Case{16, 2, 256, 3, 4090}, Case{4, 2, 64, 7, 100}}) {
         if (run_prep_case(c)) pass++;

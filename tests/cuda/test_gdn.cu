@@ -1,4 +1,4 @@
-// test_gdn.cu — the Gated DeltaNet kernels of src/backend/cuda/cuda_kernels.cuh
+// test_gdn.cu — the Gated DeltaNet kernels of src/backend/cuda/cuda_gdn.cuh
 // against plain CPU loops written here, in double (run on the device:
 // build/cuda-tests/test_gdn [--quick] [--chunk] [--time]; no model needed).
 //
@@ -49,7 +49,12 @@
 
 #include "../unit/check.h"
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #define GDC_TIMELINE // phase A's in-kernel timestamps (this binary's copy of the kernels only)
 #include "backend/cuda/cuda_gdn_chunk.cuh"
 

@@ -1,5 +1,5 @@
-// test_kernels.cu — the MoE routing kernels and the greedy argmax of
-// src/backend/cuda/cuda_kernels.cuh against plain CPU loops written here (run on
+// test_kernels.cu — the MoE routing kernels (cuda_moe.cuh) and the greedy argmax (cuda_argmax.cuh)
+// of src/backend/cuda against plain CPU loops written here (run on
 // the device: build/cuda-tests/test_kernels; no model needed).
 //
 // The routing pipeline as moe_layer launches it for prefill: k_topk_reg<8> (or
@@ -35,7 +35,12 @@
 
 #include "../unit/check.h"
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #include "backend/cuda/cuda_gemm.cuh" // k_split_x: the reference split of the norms' outputs
 
 // On a grid of 1/256 in [lo, hi): distinct values differ by >= 1/256, so their

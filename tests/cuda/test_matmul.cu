@@ -30,7 +30,12 @@
 
 #include "../unit/check.h"
 #include "cuda_test.h"
-#include "backend/cuda/cuda_kernels.cuh"
+#include "backend/cuda/cuda_norm.cuh"
+#include "backend/cuda/cuda_gemm_tc.cuh"
+#include "backend/cuda/cuda_gdn.cuh"
+#include "backend/cuda/cuda_attn_split.cuh"
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_argmax.cuh"
 #include "backend/cuda/cuda_packed.cuh"
 #include "backend/cuda/cuda_gemm_wg.cuh"
 
@@ -470,15 +475,13 @@ static void test_moe_down(void) {
     moe_down_case(40, 64, 1, 2);     // one group: warp 0 alone
 }
 
-// k_moe_fused: the router's top-k from the logits, gate/up and SwiGLU of the
-// K routed experts on xn, a grid barrier, then k_moe_down's work, against
+// k_moe_split: the router's top-k from the logits, gate/up and SwiGLU of the K routed experts on
+// xn, their down projections and the shared expert's (shared units of nsg groups), against
 //   x0 + sigmoid(sg) Ws·swiglu(shgu) + Σ_k w_k Wd[e_k]·(silu(Wg[e_k] xn) * (Wu[e_k] xn))
-// in double, with e_k / w_k the top-K of softmax(logits) (ties: lowest id;
-// renormalised when norm). Launched cooperatively as the backend does, at the
-// backend's grid and at a small one (blocks loop over units); the barrier
-// words are reused from case to case, as from layer to layer.
-// nsg > 0: k_moe_split with shared units of nsg groups instead (grid: its units; no SwiGLU rows to check).
-static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int grid, dbuf<unsigned> &bar, int nsg = 0) {
+// in double, with e_k / w_k the top-K of softmax(logits) (ties: lowest id; renormalised when
+// norm). Every unit a block, as the backend launches it; the fixed-point sums and the arrival
+// count must be left at zero for the next launch.
+static void moe_split_case(int64_t H, int64_t I, int K, int E, int norm, int nsg) {
     qmat *gt = make_qmat(I, H, 4, 64, E), *up = make_qmat(I, H, 4, 64, E), *dn = make_qmat(H, I, 4, 64, E),
          *sh = make_qmat(H, I, 4, 64);
     std::vector<float> xn = rand_vec((size_t)H, 2.0f), shgu = rand_vec((size_t)(2 * I), 2.0f), x0 = rand_vec((size_t)H, 1.0f),
@@ -494,18 +497,19 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
     std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return lg[(size_t)a] > lg[(size_t)b]; });
     double tot = 0.0;
     for (int k = 0; k < K; k++) tot += p[(size_t)ids[(size_t)k]] / z;
-    dbuf<float> dxn(xn.size()), dsh(shgu.size()), dx((size_t)H), dlg(lg.size()), dsg(1), dact((size_t)(K * I));
+    dbuf<float> dxn(xn.size()), dsh(shgu.size()), dx((size_t)H), dlg(lg.size()), dsg(1);
     dxn.put(xn);
     dsh.put(shgu);
     dx.put(x0);
     dlg.put(lg);
     dsg.put(sg);
     const int mg = moe_down_mg(dn->W, sh->W, K);
-    const bool ok = mg > 0 && moe_fused_ok(gt->W, up->W, H, I, K, E);
-    CHECKF(ok, "k_moe_fused refused %lld x %lld", (long long)H, (long long)I);
+    const bool ok = mg > 0 && moe_split_ok(gt->W, up->W, H, I, K, E);
+    CHECKF(ok, "k_moe_split refused %lld x %lld", (long long)H, (long long)I);
     if (!ok) return;
-    std::vector<float> got, got_act;
-    if (nsg) { // k_moe_split: every unit a block, fixed-point sums left at zero after each launch
+    std::vector<float> got;
+    int grid = 0;
+    {
         const size_t smx = moe_split_smem(H, nsg);
         CK(cudaFuncSetAttribute(nsg == 2 ? k_moe_split<2> : k_moe_split<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smx));
         grid = (int)moe_split_grid(K, I, I, nsg);
@@ -539,57 +543,12 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
             go(prof.p);
             CKL();
             const std::vector<unsigned long long> tt = prof.get();
-            printf("  moe_split timing: %.2f us per launch (20 in a row; moe_fused: above); us after the first routed unit's wait, median / max\n", 1000.0f * ms / 20);
+            printf("  moe_split timing: %.2f us per launch (20 in a row); us after the first routed unit's wait, median / max\n", 1000.0f * ms / 20);
             moe_split_timeline(stdout, tt.data(), grid, (int)moe_split_routed(K, I));
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
         }
     }
-    const size_t sm = moe_fused_smem(H, I, K);
-    if (!nsg && grid <= 0) { // the backend's: every unit a block, as many as fit at once
-        int per_sm = 0, nsm = 0;
-        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mg == 1 ? k_moe_fused<1> : k_moe_fused<2>, 256, sm));
-        CK(cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0));
-        grid = (int)std::min<int64_t>((int64_t)per_sm * nsm, std::max((int64_t)K * I / 32, (H + 15) / 16));
-    }
-    dbuf<unsigned long long> prof((size_t)6 * grid);
-#define FUSED(MG, P) launch_coop(0, false, k_moe_fused<MG>, dim3((unsigned)grid), dim3(256), sm, gt->W, up->W, dn->W, sh->W, \
-                                 (const float *)dxn.p, H, (const float *)dlg.p, E, norm, (const float *)dsh.p, I,        \
-                                 (const float *)dsg.p, K, dact.p, bar.p, dx.p, (unsigned long long *)(P))
-    if (!nsg) {
-    CK(mg == 1 ? FUSED(1, nullptr) : FUSED(2, nullptr));
-    CKL();
-    got = dx.get();
-    got_act = dact.get();
-    }
-    if (!nsg && H == 2048 && norm) { // the model's shape: where a launch's time goes (x keeps accumulating; checked above)
-        cudaEvent_t a, b;
-        CK(cudaEventCreate(&a));
-        CK(cudaEventCreate(&b));
-        for (int i = 0; i < 3; i++) CK(mg == 1 ? FUSED(1, nullptr) : FUSED(2, nullptr));
-        CK(cudaEventRecord(a));
-        for (int i = 0; i < 20; i++) CK(mg == 1 ? FUSED(1, nullptr) : FUSED(2, nullptr));
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
-        float ms = 0.0f;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        CK(mg == 1 ? FUSED(1, prof.p) : FUSED(2, prof.p));
-        CKL();
-        const std::vector<unsigned long long> t = prof.get();
-        unsigned long long t0 = ~0ull;
-        for (int i = 0; i < grid; i++) t0 = std::min(t0, t[(size_t)i]);
-        printf("  moe_fused timing: %.2f us per launch (20 in a row); us from the first block's start, median / max over blocks:", 1000.0f * ms / 20);
-        const char *nm[6] = {"start", "top-k", "xn staged", "A done", "barrier", "end"};
-        for (int p = 0; p < 6; p++) {
-            std::vector<double> v;
-            for (int i = 0; i < grid; i++) v.push_back((double)(t[(size_t)p * grid + i] - t0) * 1e-3);
-            std::sort(v.begin(), v.end());
-            printf(" %s %.2f / %.2f%s", nm[p], v[v.size() / 2], v.back(), p < 5 ? "," : "\n");
-        }
-        CK(cudaEventDestroy(a));
-        CK(cudaEventDestroy(b));
-    }
-#undef FUSED
     std::vector<double> ref((size_t)H), act((size_t)(K * I));
     for (int k = 0; k < K; k++) {
         const int e = ids[(size_t)k];
@@ -615,30 +574,22 @@ static void moe_fused_case(int64_t H, int64_t I, int K, int E, int norm, int gri
         }
         ref[(size_t)r] = x0[(size_t)r] + a;
     }
-    const double e = rel_err(got, ref), ea = nsg ? 0.0 : rel_err(got_act, act);
-    printf("  moe_%s %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: SwiGLU rows rel err %.2e, x rel err %.2e\n",
-           nsg ? "split" : "fused", (long long)H, (long long)I, K, E, norm, grid, ea, e);
-    CHECKF(ea <= BAR && e <= BAR, "k_moe_fused %lld x %lld K=%d grid %d: rel err %.3e / %.3e", (long long)H, (long long)I, K,
-           grid, ea, e);
+    const double e = rel_err(got, ref);
+    printf("  moe_split %5lld x %-5lld K=%d of %3d experts, norm %d, grid %3d: x rel err %.2e\n", (long long)H, (long long)I, K,
+           E, norm, grid, e);
+    CHECKF(e <= BAR, "k_moe_split %lld x %lld K=%d grid %d: rel err %.3e", (long long)H, (long long)I, K, grid, e);
     delete gt;
     delete up;
     delete dn;
     delete sh;
 }
 
-static void test_moe_fused(void) {
-    dbuf<unsigned> bar(64);
-    bar.fill_bytes(0);
-    moe_fused_case(2048, 512, 8, 256, 1, 0, bar); // the model's shape
-    moe_fused_case(2048, 512, 8, 256, 0, 0, bar);
-    moe_fused_case(2048, 512, 8, 64, 1, 7, bar);  // 7 blocks: each loops over its units
-    moe_fused_case(256, 1024, 3, 16, 1, 0, bar);  // 16 down groups (the second instance)
-    moe_fused_case(128, 64, 2, 4, 1, 0, bar);     // two input groups; fewer A units than row blocks
-    // k_moe_split (no grid barrier) against the same reference
-    moe_fused_case(2048, 512, 8, 256, 1, 0, bar, 2); // the model's shape: 128 routed + 4 shared units
-    moe_fused_case(2048, 512, 8, 256, 0, 0, bar, 1);
-    moe_fused_case(256, 1024, 3, 16, 1, 0, bar, 2);
-    moe_fused_case(128, 64, 2, 4, 1, 0, bar, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
+static void test_moe_split(void) {
+    moe_split_case(2048, 512, 8, 256, 1, 2); // the model's shape: 128 routed + 4 shared units
+    moe_split_case(2048, 512, 8, 256, 0, 1);
+    moe_split_case(2048, 512, 8, 64, 1, 2);
+    moe_split_case(256, 1024, 3, 16, 1, 2);  // 16 down groups
+    moe_split_case(128, 64, 2, 4, 1, 1);     // 4 routed units (2 slots x 64 dims / 32), one shared
 }
 
 
@@ -831,7 +782,7 @@ static void gemm_grouped_case(int64_t T, int KS, qmat *m, int v) {
     CHECKF(e <= BAR, "gemm_%s<4> grouped T=%lld: rel err %.3e", g4_name(v), (long long)T, e);
 }
 
-// k_gemm_wg's swiglu job (cuda_g4.cuh), as the prefill MoE launches it: gate and up (E experts of I x C)
+// k_gemm_wg's swiglu job (cuda_gemm4_tile.cuh), as the prefill MoE launches it: gate and up (E experts of I x C)
 // in one block, SwiGLU's split of the down projection's input out of the epilogue. Against the unfused
 // path on the device (the pair GEMM's gu, then k_split_x<1>): the same bytes, parts and group sums.
 // E > 1: grouped over a tile map (T tokens x KS slots, slot s to expert (7s + s/5) % E); else plain.
@@ -1074,7 +1025,7 @@ int main(int argc, char **argv) {
         if (quick) break;
     }
     TEST(test_moe_down);
-    TEST(test_moe_fused);
+    TEST(test_moe_split);
     TEST(test_gemm_q);
     return check_summary();
 }

@@ -18,8 +18,8 @@
 
 extern "C" {
 #include "backend/backend.h"
-#include "engine/sampler.h"
-#include "tools/synth.h"
+#include "model/sampler.h"
+#include "model/synth.h"
 }
 
 enum { NS = 3, STEPS = 40 };

@@ -39,8 +39,8 @@ def demo_dir():
 
 
 class Server:
-    def __init__(self, *extra, env=None):
-        self.model = demo_dir()
+    def __init__(self, *extra, env=None, model=None):
+        self.model = model or demo_dir()
         self.log_path = CACHE / f"serve-{os.getpid()}-{time.time_ns()}.log"
         self.log = open(self.log_path, "w+")
         args = [BIN, "serve", "--model", self.model, "--port", "0", "--backend", "cpu", "--threads", "1",

@@ -2,6 +2,7 @@
 
 import json
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from conftest import BIN, sse_events
 
 USER = [{"role": "user", "content": "Hello"}]
+JSON = {"Content-Type": "application/json"}
 
 
 def metric(http, name):
@@ -135,7 +137,7 @@ def test_prefix_cache(http):
 
 
 def test_errors_shape(http):
-    r = http.post("/v1/chat/completions", content=b"{not json")
+    r = http.post("/v1/chat/completions", headers=JSON, content=b"{not json")
     assert r.status_code == 400
     e = r.json()["error"]
     assert set(e) >= {"message", "type", "param", "code"} and e["type"] == "invalid_request_error"
@@ -149,19 +151,19 @@ def test_errors_shape(http):
 
 
 def test_invalid_utf8(http):
-    r = http.post("/v1/chat/completions", content=b'{"messages":[{"role":"user","content":"\xff\xfe"}]}')
+    r = http.post("/v1/chat/completions", headers=JSON, content=b'{"messages":[{"role":"user","content":"\xff\xfe"}]}')
     assert r.status_code == 400 and "decode" in r.json()["error"]["message"]
 
 
 def test_lone_surrogate_and_nul(http):
-    r = http.post("/v1/chat/completions", content=b'{"messages":[{"role":"user","content":"\\ud83d"}]}')
+    r = http.post("/v1/chat/completions", headers=JSON, content=b'{"messages":[{"role":"user","content":"\\ud83d"}]}')
     assert r.status_code == 400
-    r = http.post("/v1/chat/completions", content=b'{"messages":[{"role":"user","content":"a\\u0000b"}]}')
+    r = http.post("/v1/chat/completions", headers=JSON, content=b'{"messages":[{"role":"user","content":"a\\u0000b"}]}')
     assert r.status_code == 400
 
 
 def test_oversize_body(keyed_server):
-    h = {"Authorization": "Bearer sekret-key"}
+    h = {"Authorization": "Bearer sekret-key", **JSON}
     big = b'{"messages":[{"role":"user","content":"' + b"a" * 100000 + b'"}]}'
     r = httpx.post(keyed_server.url + "/v1/chat/completions", content=big, headers=h, timeout=30)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
@@ -224,7 +226,7 @@ def test_disconnect_mid_stream_cancels(server, http):
     before = metric(http, "lilac:requests_cancelled_total")
     body = json.dumps({"messages": USER, "max_tokens": 1500, "ignore_eos": True, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
               b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     got = b""
     while got.count(b"data: ") < 3:
@@ -236,13 +238,14 @@ def test_disconnect_mid_stream_cancels(server, http):
     assert r.status_code == 200
 
 
-def test_disconnect_non_stream_cancels(server, http):
+def test_reset_non_stream_cancels(server, http):
     before = metric(http, "lilac:requests_cancelled_total")
     body = json.dumps({"messages": USER, "max_tokens": 1500, "ignore_eos": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode() +
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
               b"\r\n\r\n" + body)
     time.sleep(0.3)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
     s.close()
     assert wait_for(lambda: metric(http, "lilac:requests_cancelled_total") >= before + 1, 5)
 
@@ -251,7 +254,7 @@ def test_disconnect_during_prefill(server, http):
     before = metric(http, "lilac:requests_cancelled_total")
     body = json.dumps({"prompt": list(range(1, 1000)) * 2, "max_tokens": 5, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(body)).encode() +
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() +
               b"\r\n\r\n" + body)
     time.sleep(0.05)
     s.close()

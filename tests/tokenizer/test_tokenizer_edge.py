@@ -40,6 +40,7 @@ def derived(tokenizer_files, name, edit):
 def check_same(tok, texts):
     t = Tokenizer.from_file(tok)
     mine = encode_lines(tok, texts)
+    assert len(mine) == len(texts), (len(mine), len(texts))
     for s, m in zip(texts, mine):
         assert m == t.encode(s, add_special_tokens=False).ids, f"differs on {s!r}"
 

@@ -119,11 +119,44 @@ static void test_template_hash(void) {
     CHECK(lilac_chat_check_template("/nonexistent-dir", &w) == 1 && strstr(w.msg, "no chat template"));
 }
 
+/* Content parts: the template classifies by keys before "type" (a "text" part
+ * with an "image" key renders as an image, as under jinja); with text_only
+ * (the server) any media part is an error, so no vision token comes from input. */
+static void test_content_parts(void) {
+    json_t *p = json_loads("{\"type\":\"text\",\"text\":\"w\",\"image\":\"x\"}", 0, NULL);
+    CHECK(lilac_content_part_kind(p) == LILAC_PART_IMAGE);
+    json_decref(p);
+    p = json_loads("{\"type\":\"text\",\"text\":\"w\",\"video\":1}", 0, NULL);
+    CHECK(lilac_content_part_kind(p) == LILAC_PART_VIDEO);
+    json_decref(p);
+    p = json_loads("{\"type\":\"text\",\"text\":\"w\"}", 0, NULL);
+    CHECK(lilac_content_part_kind(p) == LILAC_PART_TEXT);
+    json_decref(p);
+    p = json_loads("{\"type\":\"audio\"}", 0, NULL);
+    CHECK(lilac_content_part_kind(p) == LILAC_PART_OTHER);
+    json_decref(p);
+    p = json_integer(3);
+    CHECK(lilac_content_part_kind(p) == LILAC_PART_INVALID);
+    json_decref(p);
+    const char *m = "[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"mine\",\"image_url\":{}}]}]";
+    lilac_prompt pr;
+    lilac_err e = {{0}};
+    CHECK(render(m, NULL, NULL, &pr, &e) == 0 && strstr(pr.text, "<|image_pad|>") && !strstr(pr.text, "mine"));
+    lilac_prompt_free(&pr);
+    lilac_chat_opts o;
+    lilac_chat_opts_default(&o);
+    o.text_only = true;
+    memset(&pr, 0, sizeof pr);
+    CHECK(render(m, NULL, &o, &pr, &e) != 0 && strstr(e.msg, "text only"));
+    lilac_prompt_free(&pr);
+}
+
 int main(void) {
     TEST(test_basic);
     TEST(test_data_ranges);
     TEST(test_errors);
     TEST(test_safe_encode);
     TEST(test_template_hash);
+    TEST(test_content_parts);
     return check_summary();
 }

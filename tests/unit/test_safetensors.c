@@ -3,6 +3,7 @@
  * every refusal naming the file and the tensor. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -68,7 +69,7 @@ static void test_dtypes(void) {
 
 static void test_valid_two(void) {
     size_t len, hdr;
-    unsigned char *b = build(TWO, 24, &len, &hdr); /* 4 trailing bytes unused: allowed */
+    unsigned char *b = build(TWO, 20, &len, &hdr);
     /* parse from an unaligned copy: the parser must not care */
     unsigned char *mem = xmalloc(len + 1), *u = mem + 1;
     memcpy(u, b, len);
@@ -98,15 +99,21 @@ static void test_valid_two(void) {
 static void test_edge_shapes(void) {
     st_set set = {0};
     lilac_err err;
-    /* scalar, zero-size tensors (anywhere, even "inside" another), empty header */
+    /* scalar, zero-size tensors where the tiling has reached, empty header */
     int rc = parse(&set,
                    "{'s':{'dtype':'F64','shape':[],'data_offsets':[0,8]},"
-                   "'e':{'dtype':'F32','shape':[0,4],'data_offsets':[4,4]},"
+                   "'e':{'dtype':'F32','shape':[0,4],'data_offsets':[8,8]},"
                    "'f':{'dtype':'U8','shape':[3,0,99999999999],'data_offsets':[8,8]}}",
                    8, &err);
     CHECKF(rc == 0, "%s", err.msg);
     CHECK(set.n_tensors == 3 && st_find(&set, "s")->ndim == 0 && st_find(&set, "e")->nbytes == 0);
     st_close(&set);
+    /* a zero-size tensor "inside" another breaks the tiling (HF refuses it too) */
+    rc = parse(&set,
+               "{'s':{'dtype':'F64','shape':[],'data_offsets':[0,8]},"
+               "'e':{'dtype':'F32','shape':[0,4],'data_offsets':[4,4]}}",
+               8, &err);
+    EXPECT_FAIL(rc, err, "\"e\"", "[4,4]", "overlap", "\"s\"");
     rc = parse(&set, "{}", 0, &err);
     CHECKF(rc == 0 && set.n_tensors == 0, "%s", err.msg);
     st_close(&set);
@@ -175,6 +182,47 @@ static void test_offsets(void) {
                    16, &err);
     CHECKF(rc == 0, "%s", err.msg);
     st_close(&set);
+}
+
+/* The tensors must tile the data region: no gap, no unowned tail, no hole at the
+ * start (HF safetensors refuses each). */
+static void test_tiling(void) {
+    st_set set = {0};
+    lilac_err err;
+    int rc = parse(&set, TWO, 24, &err); /* 4 bytes after the last tensor */
+    EXPECT_FAIL(rc, err, "model.safetensors", "cover 20 of the 24 data bytes");
+    rc = parse(&set,
+               "{'a':{'dtype':'U8','shape':[4],'data_offsets':[0,4]},"
+               "'b':{'dtype':'U8','shape':[4],'data_offsets':[6,10]}}",
+               10, &err);
+    EXPECT_FAIL(rc, err, "\"b\"", "[6,10]", "gap of 2 bytes", "a");
+    rc = parse(&set, "{'a':{'dtype':'U8','shape':[4],'data_offsets':[2,6]}}", 6, &err);
+    EXPECT_FAIL(rc, err, "\"a\"", "gap of 2 bytes", "header");
+    CHECK(set.n_tensors == 0);
+}
+
+/* The issue's corruption: the header length cut by 1..5 bytes into its space
+ * padding. The JSON still parses, every tensor shifts, and the data region
+ * gains bytes no tensor owns: refused. The uncut file loads. */
+static void test_header_length_cut(void) {
+    size_t len, hdr;
+    char padded[400]; /* TWO with 8 more spaces: at least 8 bytes of padding to cut into */
+    snprintf(padded, sizeof padded, "%s        ", TWO);
+    unsigned char *b = build(padded, 20, &len, &hdr);
+    st_set set = {0};
+    lilac_err err;
+    int rc = st_parse_buffer(&set, 0, b, len, "model.safetensors", &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    st_close(&set);
+    CHECK(hdr - 8 - strlen(TWO) >= 8);
+    for (int cut = 1; cut <= 5; cut++) {
+        uint64_t hl = hdr - 8 - (uint64_t)cut;
+        for (int i = 0; i < 8; i++) b[i] = (unsigned char)(hl >> (8 * i));
+        rc = st_parse_buffer(&set, 0, b, len, "model.safetensors", &err);
+        CHECKF(rc != 0 && strstr(err.msg, "data bytes"), "cut %d: rc %d %s", cut, rc, rc ? err.msg : "");
+        CHECK(set.n_tensors == 0);
+    }
+    free(b);
 }
 
 static void test_truncated_buffer(void) {
@@ -479,6 +527,54 @@ static void test_dir_errors(void) {
     rm_dir(dir);
 }
 
+/* A FIFO as a shard is refused at once (the open does not wait for a writer). */
+static void test_dir_fifo_shard(void) {
+    char *dir = mkdir_tmp();
+    if (!dir) return;
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    CHECK(mkfifo(path, 0600) == 0);
+    st_set set;
+    lilac_err err;
+    alarm(10); /* a hang fails the test instead of the suite */
+    int rc = st_open_dir(&set, dir, &err);
+    alarm(0);
+    EXPECT_FAIL(rc, err, "model.safetensors", "not a regular file");
+    rm_dir(dir);
+}
+
+/* A shard truncated while mapped: reading a tensor past the new end does not
+ * kill the process (SIGBUS), it reads zeros and st_damaged() names the file. */
+static void test_truncated_while_mapped(void) {
+    char *dir = mkdir_tmp();
+    if (!dir) return;
+    long page = sysconf(_SC_PAGESIZE);
+    char json[200];
+    size_t big = (size_t)page * 4;
+    snprintf(json, sizeof json, "{'w':{'dtype':'U8','shape':[%zu],'data_offsets':[0,%zu]}}", big, big);
+    write_st(dir, "model.safetensors", json, big);
+    st_set set;
+    lilac_err err;
+    int rc = st_open_dir(&set, dir, &err);
+    CHECKF(rc == 0, "%s", err.msg);
+    if (rc == 0) {
+        CHECK(!st_damaged(NULL, 0));
+        const st_tensor *w = st_find(&set, "w");
+        char path[600];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(truncate(path, page) == 0);
+        const volatile unsigned char *d = w->data;
+        unsigned sum = 0;
+        for (size_t i = (size_t)page * 2; i < big; i++) sum += d[i]; /* past the new end of the file */
+        CHECK(sum == 0);
+        char got[512];
+        CHECK(st_damaged(got, sizeof got) && strstr(got, "model.safetensors"));
+        st_close(&set);
+        CHECK(st_damaged(got, sizeof got) && strstr(got, "model.safetensors"));
+    }
+    rm_dir(dir);
+}
+
 int main(void) {
     TEST(test_dtypes);
     TEST(test_valid_two);
@@ -495,5 +591,9 @@ int main(void) {
     TEST(test_dir_index_missing_shard);
     TEST(test_dir_index_tensor_not_in_shard);
     TEST(test_dir_errors);
+    TEST(test_tiling);
+    TEST(test_header_length_cut);
+    TEST(test_dir_fifo_shard);
+    TEST(test_truncated_while_mapped); /* last: it leaves the process marked damaged */
     return check_summary();
 }

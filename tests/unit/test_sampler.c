@@ -4,9 +4,10 @@
  * min-p), penalties, seeding. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "check.h"
-#include "engine/sampler.h"
+#include "model/sampler.h"
 
 static lilac_sampling params(float T) {
     lilac_sampling p;
@@ -120,6 +121,103 @@ static void test_seeding(void) {
     lilac_sampler_free(&b);
 }
 
+/* The sampler against a reference written from the definition: sort every
+ * candidate (weight descending, ties by id), cut top-k, softmax, top-p as the
+ * shortest prefix holding top_p, min-p against the best, then walk the prefix
+ * in order with the same uniform draw. The sampler selects instead of sorting
+ * (linear in the vocabulary); the draws must be the same. */
+static const float *ref_w;
+static int ref_cmp(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (ref_w[i] != ref_w[j]) return ref_w[i] > ref_w[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+static int32_t ref_sample(const lilac_sampling *p, const float *x, int V, lilac_rng *rng) {
+    float *w = malloc(sizeof(float) * (size_t)V);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)V);
+    memcpy(w, x, sizeof(float) * (size_t)V);
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (w[i] > w[best]) best = i;
+    float mx = w[best], T = p->temperature;
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if ((w[i] - mx) / T > -30.0f) idx[n++] = i;
+    ref_w = w;
+    qsort(idx, (size_t)n, sizeof(int32_t), ref_cmp);
+    if (p->top_k > 0 && p->top_k < n) n = p->top_k;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (w[idx[i]] = expf((w[idx[i]] - mx) / T));
+    int keep = n;
+    if (p->top_p > 0 && p->top_p < 1) {
+        double c = 0;
+        for (int i = 0; i < n; i++)
+            if ((c += w[idx[i]]) >= p->top_p * sum) {
+                keep = i + 1;
+                break;
+            }
+    }
+    if (p->min_p > 0) {
+        int k2 = 0;
+        while (k2 < keep && w[idx[k2]] >= p->min_p) k2++;
+        keep = k2 < 1 ? 1 : k2;
+    }
+    double tot = 0;
+    for (int i = 0; i < keep; i++) tot += w[idx[i]];
+    double u = lilac_rng_uniform(rng) * tot, c = 0;
+    int32_t out = idx[keep - 1];
+    for (int i = 0; i < keep; i++)
+        if (u < (c += w[idx[i]])) {
+            out = idx[i];
+            break;
+        }
+    free(w);
+    free(idx);
+    return out;
+}
+
+static void test_matches_sorted_reference(void) {
+    enum { V = 6000 };
+    float *x = malloc(sizeof(float) * V);
+    uint64_t r = 12345;
+    static const float temps[] = {0.6f, 1.0f, 2.0f, 5.0f};
+    static const int topks[] = {0, 3, 50, 4000};
+    static const float topps[] = {1.0f, 0.95f, 0.3f};
+    static const float minps[] = {0.0f, 0.02f};
+    int draws = 0, differ = 0;
+    for (int trial = 0; trial < 3; trial++) {
+        for (int i = 0; i < V; i++) { /* logits with ties and a long flat tail */
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            x[i] = trial == 2 ? (float)(r % 5) : (float)((double)(r >> 11) / 9007199254740992.0 * 8.0);
+        }
+        for (size_t a = 0; a < sizeof temps / sizeof *temps; a++)
+            for (size_t b = 0; b < sizeof topks / sizeof *topks; b++)
+                for (size_t c = 0; c < sizeof topps / sizeof *topps; c++)
+                    for (size_t d = 0; d < sizeof minps / sizeof *minps; d++) {
+                        lilac_sampling p = params(temps[a]);
+                        p.top_k = topks[b];
+                        p.top_p = topps[c];
+                        p.min_p = minps[d];
+                        p.seed = 1000 + a * 97 + b * 31 + c * 7 + d;
+                        lilac_sampler smp;
+                        lilac_sampler_init(&smp, V);
+                        lilac_sampler_begin(&smp, &p, NULL, 0);
+                        lilac_rng rng;
+                        lilac_rng_seed(&rng, p.seed);
+                        for (int k = 0; k < 8; k++, draws++) {
+                            int32_t got = lilac_sample(&smp, &p, x), want = ref_sample(&p, x, V, &rng);
+                            if (got != want && differ++ < 5)
+                                fprintf(stderr, "  T %g top_k %d top_p %g min_p %g draw %d: %d, reference %d\n",
+                                        temps[a], topks[b], topps[c], minps[d], k, got, want);
+                        }
+                        lilac_sampler_free(&smp);
+                    }
+    }
+    CHECKF(differ == 0, "%d of %d draws differ", differ, draws);
+    free(x);
+}
+
 int main(void) {
     TEST(test_greedy_ties_lowest_id);
     TEST(test_no_candidates);
@@ -127,5 +225,6 @@ int main(void) {
     TEST(test_top_p_min_p);
     TEST(test_penalties);
     TEST(test_seeding);
+    TEST(test_matches_sorted_reference);
     return check_summary();
 }

@@ -21,7 +21,7 @@
 #include "backend/backend.h"
 #include "check.h"
 #include "model/safetensors.h"
-#include "tools/synth.h"
+#include "model/synth.h"
 
 enum { E = 256, K = 8, NTOK = 32 };
 

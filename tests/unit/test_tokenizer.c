@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "tokenizer/tok_internal.h"
 #include "tokenizer/tokenizer.h"
 
 extern int lilac_tok_bpe_force_;
@@ -392,6 +393,39 @@ static void test_detok_stop(void) {
     lilac_tok_free(t);
 }
 
+/* A chat of n one-character user messages, each message's content a plain span:
+ * the masked encoder's span queries (cursor moves and tests, counted) visit each
+ * span a bounded number of times, so doubling n at most doubles the count. The
+ * ids equal those of the unmasked encoder, as no span holds an added token. */
+static void test_masked_linear(void) {
+    lilac_tokenizer *t = qwen3();
+    if (!t) return;
+    static const char MSG[] = "<|im_start|>user\nx<|im_end|>\n";
+    const size_t ml = sizeof MSG - 1, x_at = strlen("<|im_start|>user\n");
+    size_t steps[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        const size_t n = k ? 4000 : 2000;
+        char *text = xmalloc(n * ml + 1);
+        lilac_span *sp = xmalloc(n * sizeof *sp);
+        for (size_t i = 0; i < n; i++) {
+            memcpy(text + i * ml, MSG, ml);
+            sp[i] = (lilac_span){.off = i * ml + x_at, .len = 1};
+        }
+        lilac_ids a = {0}, b = {0};
+        lilac_err err = {{0}};
+        CHECKF(tok_encode_masked_steps(t, text, n * ml, sp, n, &a, &steps[k], &err) == 0, "%s", err.msg);
+        CHECKF(lilac_tok_encode(t, text, n * ml, LILAC_TOK_SPECIAL, &b, &err) == 0, "%s", err.msg);
+        CHECK(a.n == b.n && a.n > 0 && !memcmp(a.ids, b.ids, a.n * sizeof(int32_t)));
+        CHECKF(steps[k] <= 8 * n, "%zu messages: %zu span visits", n, steps[k]); /* a few per message */
+        lilac_ids_free(&a);
+        lilac_ids_free(&b);
+        free(sp);
+        free(text);
+    }
+    CHECKF(steps[1] <= 2 * steps[0] + 16, "span visits %zu at 2000 messages, %zu at 4000", steps[0], steps[1]);
+    lilac_tok_free(t);
+}
+
 int main(void) {
     TEST(test_utf8_check);
     TEST(test_tiny_merges);
@@ -402,6 +436,7 @@ int main(void) {
     TEST(test_long_runs);
     TEST(test_bpe_algorithms_agree);
     TEST(test_encode_errors);
+    TEST(test_masked_linear);
     TEST(test_detok_utf8);
     TEST(test_detok_stop);
     return check_summary();

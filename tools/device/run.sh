@@ -8,14 +8,14 @@
 #       $AB_TREES (e.g. an older commit's `git archive`), benched side by side under each environment in $AB_ENVS (one a word; "A=1,B=1" sets two)
 #       (AB_LENS, default 4k/32k; AB_STEPS; AB_ROUNDS rounds, default 2, alternating). The default build's checks:
 #       the attention test, the tiny and 4-layer whole-model checks, AB_KTESTS (more kernel tests, e.g.
-#       "test_gdn:--chunk,--quick test_matmul": arguments after ':', ','-separated), AB_FULL=1 (the full-size check), AB_CHECKS=1 (the persistent kernel, HF on the
+#       "test_gdn:--chunk,--quick test_matmul": arguments after ':', ','-separated), AB_FULL=1 (the full-size check), AB_CHECKS=1 (HF on the
 #       tiny model, memcheck), AB_PROFILE=1 (its prefill phases). AB_TESTS=1: each flag build's kernel tests (AB_BTESTS, default "test_matmul:--quick test_attn"; AB_NOFULL=1: not the full-size check),
 #       tiny, 4-layer and full-size whole-model checks, for a change of numerics. Then decode at 4k with each
 #       kernel class in $PROBE_ABLATE left out (default attn; PROBE_ABLATE= skips it).
 #   probe: test_attn's decode-attention timeline, the whole-model checks, decode at 4k/32k, and each decode kernel
 #          left out in turn (LILAC_ABLATE, $PROBE_ABLATE)
 #   gemv: the GEMV kernel test and benchmark only (tests/cuda/test_matmul.cu, bench_gemv.cu), whole-model checks,
-#         decode at 4k; kbench: bench_gemv.cu alone (also with GEMV_MINB=3 and GEMV_STAGE_MARKS); verify: test_matmul, the whole model, decode at 4k
+#         decode at 4k; kbench: bench_gemv.cu alone; verify: test_matmul, the whole model, decode at 4k
 #   hf: the full-size synth against HF transformers (correctness, then HF's speed beside lilac's)
 #   matrix: lilac bench at 256 ... 131,072 (LENS, STEPS) and HF transformers' speed (HF_LENS, HF_STEPS) on the same synth
 #   trace: decode at TRACE_LENS (default 4096 32768) untraced, then under kernel_trace.c (CUPTI: every kernel's start
@@ -119,9 +119,7 @@ step build make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda || { p
 model_checks() {
     if [ -d .devdata/tiny ]; then ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-tiny.log" 2>&1 || rc=1; fi
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
-        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1
-          LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gdnchunk.log" 2>&1 || rc=1
-          LILAC_GEMM_WG=0 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims-gemmq.log" 2>&1 || rc=1; }
+        { ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-real-dims.log" 2>&1 || rc=1; }
 }
 # A kernel test given as NAME[:ARG,ARG...] (e.g. test_gdn:--chunk,--quick), of build directory $1,
 # its output in $3-LABEL.log (LABEL: the name and its arguments, without dashes).
@@ -159,7 +157,7 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
     ./build/cuda-tests/test_matmul --quick > "$OUT/test_matmul.log" 2>&1 || rc=1
     ./build/cuda-tests/test_attn > "$OUT/test_attn.log" 2>&1 || rc=1
     model_checks
-    grep -h -E "in-kernel|moe_down|moe_fused|decode|FAIL|passed|argmax" "$OUT"/test*.log
+    grep -h -E "in-kernel|moe_down|moe_split|decode|FAIL|passed|argmax" "$OUT"/test*.log
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
         ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096,32768 --decode-steps 64 --rounds 1 2>&1 | tail -n 4 | tee "$OUT/bench.log"
     # what each part of the decode step costs inside it: the same bench with it left out (tokens wrong, timing only)
@@ -167,8 +165,6 @@ if [ "$MODE" = verify ]; then  # the shortest check of a decode change: kernel t
         echo "LILAC_ABLATE=$a"
         bench4k LILAC_ABLATE=$a
     done | tee -a "$OUT/bench.log"
-    { echo "LILAC_MOE_SPLIT=0 (k_moe_fused: one cooperative kernel with a grid barrier)"; bench4k LILAC_MOE_SPLIT=0
-      echo "LILAC_MOE_UNFUSED=1 (the MoE as the gate/up GEMV + k_moe_down)"; bench4k LILAC_MOE_UNFUSED=1; } | tee -a "$OUT/bench.log"
     exit $rc
 fi
 if [ "$MODE" = probe ]; then  # attention's timeline and split counts, and what each decode kernel costs inside the step
@@ -224,9 +220,8 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         tail -n 2 "$OUT/test-k-$(ktest_label "$t").log"
     done
     model_checks
-    if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: the persistent kernel, HF on the tiny model, memcheck
+    if [ -n "${AB_CHECKS:-}" ]; then  # more of `full`'s checks: HF on the tiny model, memcheck
         if [ -d .devdata/tiny ]; then
-            LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda .devdata/tiny --quick > "$OUT/test-persistent-tiny.log" 2>&1 || rc=1
             compute-sanitizer --tool memcheck --error-exitcode 9 ./build/lilac generate --model .devdata/tiny --backend cuda \
                 --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8 > "$OUT/memcheck-tiny.log" 2>&1 || { rc=1; echo "memcheck tiny FAILED"; }
             tail -n 2 "$OUT/memcheck-tiny.log"
@@ -234,7 +229,6 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
         compute-sanitizer --tool memcheck --error-exitcode 9 ./build/lilac generate --model /tmp/syn4 --backend cuda \
             --ids "$(seq -s, 1 2100)" --max-tokens 2 > "$OUT/memcheck-prefill-2100.log" 2>&1 || { rc=1; echo "memcheck prefill 2100 FAILED"; }
         tail -n 2 "$OUT/memcheck-prefill-2100.log"
-        LILAC_PERSISTENT=1 ./build/cuda-tests/test_cuda /tmp/syn4 --quick > "$OUT/test-persistent-real-dims.log" 2>&1 || rc=1
         if [ -d .devdata/tiny-hf ]; then
             python3 tools/device/hf_check.py .devdata/tiny-hf --backend cuda --n 128 > "$OUT/test-hf.log" 2>&1 || rc=1
             tail -n 4 "$OUT/test-hf.log"
@@ -242,10 +236,8 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     fi
     grep -H -E "time decode|splits|FAIL|passed" "$OUT"/test*.log | sed "s|^$OUT/||"
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null
-    # (and again with every prefill through the chunked GDN form, which by default starts at 128 tokens)
     [ -n "${AB_FULL:-}" ] && { ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size.log" 2>&1 || rc=1
-        LILAC_GDN_CHUNK=1 ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only > "$OUT/test-full-size-gdnchunk.log" 2>&1 || rc=1
-        grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" "$OUT/test-full-size-gdnchunk.log" | cut -c1-160; }
+        grep -h -E "FAIL|CHECK|passed, .* failed|worst regret" "$OUT/test-full-size.log" | cut -c1-160; }
     if [ -n "${AB_TESTS:-}" ]; then  # each other build's numerics: the GEMV/GEMM test, 4-layer and full-size models
         for b in "${ABS[@]}"; do
             [ -x "$b/cuda-tests/test_cuda" ] || continue
@@ -281,14 +273,9 @@ if [ "$MODE" = ab ]; then  # builds side by side in one call: the default and on
     done | tee -a "$OUT/bench.log"
     exit $rc
 fi
-if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone, built for two and for three blocks per SM, and with the staging's marks
-    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv build/cuda-tests/bench_gemv3 build/cuda-tests/bench_gemv_marks \
-        > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
+if [ "$MODE" = kbench ]; then  # the GEMV benchmark alone
+    make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-gemv.log" 2>&1 || { tail -20 "$LOGS/build-gemv.log"; exit 1; }
     ./build/cuda-tests/bench_gemv | tee "$OUT/bench-gemv.log"
-    echo "=== GEMV_MINB=3"
-    ./build/cuda-tests/bench_gemv3 | tee "$OUT/bench-gemv3.log"
-    echo "=== GEMV_STAGE_MARKS (the input staging's parts; the timings of this build carry the marks' cost)"
-    ./build/cuda-tests/bench_gemv_marks | sed -n '/^profile/,$p' | tee "$OUT/bench-gemv-marks.log"
     exit 0
 fi
 if [ "$MODE" = gemv ]; then
@@ -297,16 +284,12 @@ if [ "$MODE" = gemv ]; then
     step kernel-test_matmul ./build/cuda-tests/test_matmul
     step bench-gemv ./build/cuda-tests/bench_gemv
     cp "$LOGS"/kernel-test_matmul.log "$LOGS"/bench-gemv.log "$OUT/"
-    # the whole model against the CPU reference (tiny, 4-layer real dimensions), then decode end to end
-    # at 4k with the GEMV grid aimed at 1 and 2 blocks per SM, and one set per block
+    # the whole model against the CPU reference (tiny, 4-layer real dimensions), then decode end to end at 4k
     make -j"$NPROC" WERROR= build/lilac build/cuda-tests/test_cuda > "$LOGS/build-lilac.log" 2>&1 || tail -20 "$LOGS/build-lilac.log"
     [ -d .devdata/tiny ] && step test-tiny ./build/cuda-tests/test_cuda .devdata/tiny
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null && step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
     ./build/lilac synth --out /tmp/full --seed 7 > /dev/null &&
-    for b in ""; do
-        echo "LILAC_GEMV_BLOCKS=${b:-default}"
-        LILAC_GEMV_BLOCKS=$b ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 | tail -n 2
-    done
+        ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --decode-steps 64 --rounds 1 | tail -n 2
     printf '%s\n' "${SUMMARY[@]}"
     exit 0
 fi
@@ -318,9 +301,6 @@ if [ "$MODE" = profile ]; then  # where the time goes: prefill phases (events) a
     grep -E "prefill/s|^ +[0-9]" "$OUT/profile-prefill.log"
     python3 tools/device/prefill_phases.py < "$OUT/profile-prefill.log"  # phases summed over each prompt's chunks
     COUNT=${COUNT:-360} bash tools/device/profile.sh /tmp/full 2>&1 | head -${LINES_MAX:-90}
-    # the persistent decode kernel's phases (cuda_decode.cuh), one token at position 0
-    LILAC_PERSISTENT=1 LILAC_PROFILE=1 ./build/lilac generate --model /tmp/full --backend cuda --ids 1 --max-tokens 2 2>&1 |
-        grep -A3 persistent
     exit 0
 fi
 
@@ -347,10 +327,6 @@ done
 if [ "$MODE" != hf ]; then
     step synth-4layer ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1
     step test-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
-    LILAC_GDN_CHUNK=1 step test-real-dims-gdnchunk ./build/cuda-tests/test_cuda /tmp/syn4 --quick  # every prefill chunked
-    # the opt-in persistent decode kernel (cuda_decode.cuh) against the same CPU reference
-    [ -d .devdata/tiny ] && LILAC_PERSISTENT=1 step test-persistent-tiny ./build/cuda-tests/test_cuda .devdata/tiny --quick
-    LILAC_PERSISTENT=1 step test-persistent-real-dims ./build/cuda-tests/test_cuda /tmp/syn4 --quick
 fi
 # The routing pipeline under skew (every token to experts 0..7 / to one expert / to a few hot
 # ones, most experts empty) at the prompt lengths around each path boundary.
@@ -366,7 +342,7 @@ fi
 if command -v compute-sanitizer >/dev/null && [ -d .devdata/tiny ] && [ -n "$ALLCHECKS" ]; then
     step memcheck-tiny compute-sanitizer --tool memcheck --error-exitcode 9 \
         ./build/lilac generate --model .devdata/tiny --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8
-    # the real per-layer dimensions: the decode kernels that only they select (k_moe_fused, the GDN cluster step)
+    # the real per-layer dimensions: the decode kernels that only they select (k_moe_split, the GDN cluster step)
     ./build/lilac synth --out /tmp/syn4 --layers 4 --vocab 8192 --seed 1 > /dev/null &&
         step memcheck-real-dims compute-sanitizer --tool memcheck --error-exitcode 9 \
             ./build/lilac generate --model /tmp/syn4 --backend cuda --ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 6
@@ -384,19 +360,12 @@ if [ -n "$ALLCHECKS" ] || [ "$MODE" = bench ]; then
     # on the CPU (test_cuda): its 40 random routers have near-ties (relative gaps of 1e-5) that the backends'
     # rounding breaks either way, after which every later position moves through the recurrent state.
     [ -n "$ALLCHECKS" ] && step test-full-size ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only
-    [ -n "$ALLCHECKS" ] && LILAC_GDN_CHUNK=1 step test-full-size-gdnchunk ./build/cuda-tests/test_cuda /tmp/full --lens 8,16,32,64 --prefill-only
 fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
     LILAC_PROFILE=1 step profile ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 --rounds 1 --decode-steps 8
     step bench ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens ${LENS:-256,1024,4096} \
         --decode-steps 64 --rounds ${ROUNDS:-2} --json "$OUT/bench.json"
-    # the decode GEMV with one 16-row set per block (the grid before gemv_launch looped), same call
-    LILAC_GEMV_BLOCKS=0 step bench-gemv-blocks0 ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 \
-        --decode-steps 64 --rounds 1
     make -j"$NPROC" WERROR= build/cuda-tests/bench_gemv > "$LOGS/build-bench_gemv.log" 2>&1 && step bench-gemv ./build/cuda-tests/bench_gemv
-    # the same decode through the persistent kernel, in the same call (an A/B on one machine)
-    LILAC_PERSISTENT=1 step bench-persistent ./build/lilac bench --model /tmp/full --backend cuda --prompt-lens 4096 \
-        --decode-steps 64 --rounds 1
 fi
 # 3. The full-size checkpoint against HF transformers (f32 oracle; top-1 and perplexity),
 #    and HF transformers as the speed peer (bf16) on the same weights.
@@ -412,8 +381,6 @@ for f in "$LOGS"/kernel-*.log "$LOGS"/test-*.log "$LOGS"/hf-*.log "$LOGS"/profil
 done
 # the benchmarks first, then (last, so that a cut output keeps it) each step's status and every test's verdict
 [ -f "$LOGS/bench-gemv.log" ] && sed -n '/^job/,/^lm_head/p' "$LOGS/bench-gemv.log"
-[ -f "$LOGS/bench-gemv-blocks0.log" ] && { echo "decode GEMV, one set per block:"; tail -n 3 "$LOGS/bench-gemv-blocks0.log"; }
-[ -f "$LOGS/bench-persistent.log" ] && { echo "persistent decode kernel:"; tail -n 3 "$LOGS/bench-persistent.log"; }
 [ -f "$LOGS/bench.log" ] && tail -n 8 "$LOGS/bench.log"
 echo "=== summary"
 printf '%s\n' "${SUMMARY[@]}"

@@ -20,7 +20,7 @@
 // 6.1e-6 at 40,064 (up to 5.9e-6 with the MMA sums rounded term by term). The f32-cache
 // kernel emulated 3-5e-6 and measured 3-7e-6 up to 2,048 keys, 1-2e-5 at 4,096 and
 // 1.5e-4 at 40,064 on the H200, whose MMA accumulation over long key ranges the
-// emulation does not model. LILAC_ATTN_BF16=1 selects one bf16 piece each of Q and P
+// emulation does not model. --attn-precision bf16 selects one bf16 piece each of Q and P
 // (FlashAttention's precision; QP = 1 below): half the MMAs and Q's shared reads.
 //
 // Design (one block = 64 queries x one query head, 4 warps, each warp 16 query rows):
@@ -29,8 +29,8 @@
 //  - K/V tiles of BN = 64 keys: cp.async of the bf16 cache rows (16 B chunks,
 //    zero-filled past the last key the block needs) straight into the padded tiles
 //    ldmatrix reads; NB = 2 buffers, so tile j+1 is in flight while tile j is computed;
-//    one barrier per tile. (32 keys and 3 buffers until run 76: each Q fragment read
-//    from shared memory now serves 64 keys, -6% kernel time, 128k prefill +4.4%.)
+//    one barrier per tile. (Against 32 keys and 3 buffers: each Q fragment read from
+//    shared memory serves 64 keys, -6% kernel time, 128k prefill +4.4%.)
 //  - S = Q K^T: ldmatrix (Q as A, K rows as B "col"), 2 MMAs per fragment pair; at 32
 //    keys, two accumulator sets (by k-step parity) for more independent MMA chains.
 //  - online softmax on the S fragments (exp2, quad shuffles), P re-used as the A
@@ -43,14 +43,14 @@
 //  hd 256: 202,752 B of shared memory (1 block / SM; 135,168 with one piece), 255
 //  registers and a 32-byte spill (none with one piece).
 //
-// Measured (test_attn, T = 2048, pos = 2048, run 76): 0.821 ms with 32-key tiles, 0.773
+// Measured (test_attn, T = 2048, pos = 2048): 0.821 ms with 32-key tiles, 0.773
 // with 64, 0.605 with 64 and one piece.
 // Expected time (written for 32-key tiles; real case T = 2048, pos = 2048, nh 16, nkv 2, hd 256; 103 GFLOP of
 // useful work, 206 GFLOP of 16-bit MMAs): per block and 32-key tile the SM moves
 // ~224 KB through shared memory (ldmatrix 192 KB + cp.async 32 KB), ~1,750 cycles,
 // while its 1,024 MMAs need ~1,400-1,700; ~376 tiles per SM. The kernel with f32 K/V
 // (512 KB and 1,536 MMAs per tile: three MMAs per product, a conversion pass) measured
-// 1.61 ms (run 19) against ~4,000 cycles modelled per tile; scaled alike, this one
+// 1.61 ms against ~4,000 cycles modelled per tile; scaled alike, this one
 // should take ~0.8-1.1 ms.
 //
 // Long contexts with few query tiles (T small, pos large) launch only
@@ -65,14 +65,10 @@
 
 namespace lilac_fa {
 
-// Build-time variants for measurement (run.sh ab): FA_BN keys per tile, FA_NB tile buffers.
-// 64 keys read each Q fragment half as often per key as 32: run 76, 128k prefill +4.4%.
-#ifndef FA_BN
+// Keys per tile and tile buffers: 64 keys read each Q fragment half as often per key as 32
+// (128k prefill +4.4%).
 #define FA_BN 64
-#endif
-#ifndef FA_NB
 #define FA_NB 2
-#endif
 constexpr int BM = 64;     // queries per block
 constexpr int BN = FA_BN;  // keys per tile
 constexpr int NT = 128;    // threads per block (4 warps x 16 query rows)
@@ -82,7 +78,7 @@ static_assert(NB >= 2 && BN % 16 == 0, "attention variant");
 
 // QP: bf16 pieces of Q and of P (a template argument of the kernel): 2, hi + lo, the
 // f32-faithful default; 1, one bf16 each, as FlashAttention does on the bf16 model
-// (LILAC_ATTN_BF16=1; run 76: 128k prefill +16% over two pieces, max rel err 2.5-2.8e-3 at
+// (--attn-precision bf16: 128k prefill +16% over two pieces, max rel err 2.5-2.8e-3 at
 // full size against the f32 reference, 9.5e-4 with two).
 template <int HD, int QP = 2>
 struct geom {

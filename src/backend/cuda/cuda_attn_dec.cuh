@@ -1,30 +1,25 @@
 // cuda_attn_dec.cuh — decode attention: one query token against the bf16 KV cache,
 // GQA-packed (block = one KV head and one split of its keys, serving the G <= 8 query
 // heads that share the head, so each K and V element is read once), its splits merged by
-// k_attn_combine (cuda_kernels.cuh).
+// k_attn_combine (cuda_attn_split.cuh).
 //
-// Two kernels with one interface and one partial layout:
-//  - k_attn_dec_mma (the default, LILAC_ADEC_MMA=0 turns it off): both products on the
-//    tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate). Per warp and 16 keys:
-//    S^T = K Q^T (M = the keys, N = the 8 heads, K = the head dims; K straight from the
-//    swizzled tile by ldmatrix, Q^T in registers) and O^T += V^T P^T (M = the head dims,
-//    V^T by ldmatrix.trans, P^T from the scores' accumulator by movmatrix.trans). Q and P
-//    are split into two bf16 pieces (hi + lo, ~16 bits, as the prefill attention), K and V
-//    are exact (the cache is bf16): f32-faithful, like the CUDA-core kernel.
-//    Why: the CUDA-core kernel spends ~1.5 us of arithmetic on a 32-key tile (32 KB of K/V),
-//    so it reads the cache at ~1.9 TB/s at 32k (docs/perf.md, run 60); here a 64-key tile
-//    is ~200 instructions a warp, and the kernel should read at the copy bandwidth.
-//  - k_attn_dec (CUDA cores): warps take keys, lanes take head dims. It serves the same
-//    shapes (hd 128 / 256, G <= 8); kept as the comparison (LILAC_ADEC_MMA=0, and
-//    test_attn runs every case through both against the double reference).
-// Both also do k_attn_prep's work for their token: every block norms and ropes its G
+// k_attn_dec_mma: both products on the tensor cores (mma.sync m16n8k16, bf16 in, f32
+// accumulate). Per warp and 16 keys: S^T = K Q^T (M = the keys, N = the 8 heads, K = the
+// head dims; K straight from the swizzled tile by ldmatrix, Q^T in registers) and
+// O^T += V^T P^T (M = the head dims, V^T by ldmatrix.trans, P^T from the scores'
+// accumulator by movmatrix.trans). Q and P are split into two bf16 pieces (hi + lo, ~16
+// bits, as the prefill attention), K and V are exact (the cache is bf16): f32-faithful.
+// Why the tensor cores: on the CUDA cores a 32-key tile (32 KB of K/V) is ~1.5 us of
+// arithmetic, so the cache is read at ~1.9 TB/s at 32k (docs/perf.md); here a 64-key tile
+// is ~200 instructions a warp, and the kernel reads at the copy bandwidth.
+// It also does k_attn_prep's work for its token: every block norms and ropes its G
 // query heads, and the last split (the one holding key p) makes p's K/V row, stores it to
 // the cache for later steps and scores it from shared memory: key p weighs now exactly
 // as it will in later steps.
 //
 // The CUDA emulator (tests/cuda/emu, whose mma.h carries ldmatrix, movmatrix and the
 // m16n8k16 MMA in their fragment maps) runs k_attn_dec_mma in CI: built with -DLILAC_CUEMU
-// (test_attn_dec_emu.cc). tests/cuda/test_attn.cu runs both kernels on the GPU.
+// (test_attn_dec_emu.cc). tests/cuda/test_attn.cu runs it on the GPU.
 #pragma once
 #ifdef LILAC_CUEMU
 #include "mma.h" // ldmatrix, movmatrix, mma.sync m16n8k16 bf16; pdl_*, cp.async (the emulator's cuda_runtime.h)
@@ -33,7 +28,7 @@
 #endif
 #include "cuda_attn_wg.cuh" // attn_wg::split: a value pair as two bf16 pieces, as the prefill attention splits P
 
-// warp_norm_rope's math (cuda_kernels.cuh) on one head whose values, gains and RoPE
+// warp_norm_rope's math (cuda_attn_split.cuh) on one head whose values, gains and RoPE
 // frequencies a warp already holds (element lane + 32 k in r[k], g[k], f[k]; f only below
 // rd/2), so that their loads could be issued before anything else: dst (shared
 // memory, this warp's alone) gets the result. The same operations in the same
@@ -75,12 +70,10 @@ __device__ __forceinline__ void warp_norm_rope_regs(const float (&r)[DPL], const
     }
 }
 
-#ifndef ADEC_S
 #define ADEC_S 64 // splits: 2 KV heads x 64 = 128 blocks, one per SM (the shared memory below)
-#endif
 static_assert(ADEC_S <= 128, "k_attn_combine merges up to 128 splits");
 
-// What both kernels share. Split s of S over the n = p + 1 keys of the token at position p
+// Split s of S over the n = p + 1 keys of the token at position p
 // (*d_pos): the cached keys [j0, j1) it reads; the last split (never empty) holds key p too.
 struct adec_range {
     int64_t p, j0, j1;
@@ -174,7 +167,7 @@ __host__ __device__ inline size_t attn_dec_mma_smem(int hd) {
 #define ADEC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
 #endif
 
-// Grid (nkv, S), adec::NT threads, attn_dec_mma_smem(HD) bytes; arguments as k_attn_dec's
+// Grid (nkv, S), adec::NT threads, attn_dec_mma_smem(HD) bytes; arguments:
 // (qg: the q/k/v GEMV's raw query halves; kx, vx: this token's raw k and v; part: the
 // splits' partials, part[(h*S + s)*(HD+2)] = acc, max, sum; prof: test_attn's timeline).
 template <int HD>
@@ -205,7 +198,7 @@ __global__ void __launch_bounds__(adec::NT, 1)
     const int ntile = (int)((j1 - j0 + TK - 1) / TK);
     // This token's q (heads warp and warp + NW), and in the last split its k (warp 0) and v, with
     // their gains and RoPE frequencies, loaded before the tiles' copies (behind them they would
-    // wait for every block's DRAM traffic: docs/perf.md, run 58).
+    // wait for every block's DRAM traffic: docs/perf.md).
     float qr[2][DPL], qw[DPL], fr[DPL], kr[DPL], kw[DPL];
 #pragma unroll
     for (int k = 0; k < DPL; k++) {
@@ -392,248 +385,3 @@ __global__ void __launch_bounds__(adec::NT, 1)
     adec_store<HD, NW, NT>(red, mls, lls, G, kh, s, S, part);
     mark(4);
 }
-
-// ---------------------------------------------------------------- k_attn_dec (CUDA cores)
-#ifndef LILAC_CUEMU
-// Decode attention for one query token, GQA-packed: block (kv head kh, split
-// s) serves the G = nh/nkv query heads (G <= 8) that share the KV head and
-// reads each K and V element of its split once. Keys go 32 at a time through
-// shared memory as the cache holds them, bf16 (cp.async, ADEC_ST buffers).
-// Warp w takes keys 4w .. 4w+3 of a tile and lane l the head dims
-// [l DPL, (l+1) DPL) (DPL = HD/32) of every head: q sits in registers, a K or
-// V row is one 16-byte (8-byte) load per lane, and a lane's 32 partial dot
-// products (4 keys x 8 heads) are summed across the warp by a butterfly
-// reduce-scatter (31 shuffles; lane i ends with key i/8, head i%8). Every warp
-// keeps its own online softmax (max and sum per head) and output accumulators
-// (8 heads x DPL dims per lane), so a tile needs no block barrier but the one
-// that recycles its buffer; the 8 warps merge once, at the end, through shared
-// memory. (The kernel before split the dims over the warps with lane = key:
-// three barriers and ~180 shared-memory loads per lane and tile, ~2.2 us a
-// tile at 4k with the data in place; docs/perf.md, run 59.)
-// Partials as k_attn's (part[(h*S + s)*(hd+2)] = acc, max, sum), merged by
-// k_attn_combine; an empty split leaves max -inf, sum 0 and acc 0.
-#define ADEC_TK 32
-#define ADEC_ST 3 // tile buffers: two tiles in flight while one is scored
-#define ADEC_THREADS 256 // 8 warps, whatever G is
-// Dynamic shared memory: the queries (f32 [8][hd]), then bf16: the K tiles
-// ([ADEC_ST][ADEC_TK][hd]), the V tiles (the same) and key p's k and v rows.
-// After the last tile the tiles' memory holds the merge ([8 warps][8 heads][hd] f32).
-__host__ __device__ inline size_t attn_dec_smem(int hd) {
-    return sizeof(float) * 8 * (size_t)hd + sizeof(__nv_bfloat16) * (2 * (size_t)ADEC_ST * ADEC_TK * hd + 2 * (size_t)hd);
-}
-static_assert(2 * ADEC_ST * ADEC_TK * 2 >= 8 * 8 * 4, "the merge fits in the tiles' memory");
-// N bf16 at p (16- or 8-byte aligned) as f32; zeros when !ok.
-template <int N>
-__device__ __forceinline__ void ld_bf16(const __nv_bfloat16 *p, float (&f)[N], bool ok) {
-    static_assert(N == 4 || N == 8, "one 8- or 16-byte load");
-    uint32_t w[N / 2];
-    if constexpr (N == 8) {
-        const uint4 r = ok ? *(const uint4 *)p : make_uint4(0u, 0u, 0u, 0u);
-        w[0] = r.x; w[1] = r.y; w[N / 2 - 2] = r.z; w[N / 2 - 1] = r.w;
-    } else {
-        const uint2 r = ok ? *(const uint2 *)p : make_uint2(0u, 0u);
-        w[0] = r.x; w[N / 2 - 1] = r.y;
-    }
-#pragma unroll
-    for (int i = 0; i < N / 2; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);             // bf16 -> f32 is exact: the high half
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-// One step of a butterfly reduce-scatter over a warp: the first 2 OFF values of
-// every lane become OFF sums, the half that lane & OFF selects (it keeps
-// sv[v + OFF] where the bit is set, sv[v] where not, and adds its partner's).
-template <int OFF>
-__device__ __forceinline__ void warp_rs_step(float (&sv)[32], int lane) {
-    const bool up = lane & OFF;
-#pragma unroll
-    for (int v = 0; v < OFF; v++) {
-        const float send = up ? sv[v] : sv[v + OFF], keep = up ? sv[v + OFF] : sv[v];
-        sv[v] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-    }
-}
-// It also does k_attn_prep's work for its token: every block norms and ropes
-// its G query heads into shared memory (from qg's raw query half), and the
-// last split, the one holding key p, makes p's K/V row in shared memory (bf16,
-// rounded as the cache holds it), stores it to the cache for later steps, and
-// scores it from there after its cached keys [j0, p), which it loads
-// meanwhile: key p weighs now exactly as it will in later steps.
-template <int DPL>
-__global__ void __launch_bounds__(ADEC_THREADS) k_attn_dec(const float *qg, const float *kx, const float *vx, const float *qn,
-                                                     const float *kn, const float *inv_freq, int rd, float eps,
-                                                     __nv_bfloat16 *kc, __nv_bfloat16 *vc, const int *d_pos, int nh, int nkv,
-                                                     float *part, int S, unsigned long long *prof) {
-    static_assert(DPL == 4 || DPL == 8, "a lane's head dims are one 8- or 16-byte load of bf16");
-    constexpr int HD = DPL * 32, KPW = ADEC_TK / 8; // KPW: keys per warp and tile
-    static_assert(KPW == 4, "a lane's 32 partial sums: 4 keys x 8 heads");
-    extern __shared__ __align__(16) float asm_[];
-    __shared__ float kpf[HD];              // key p's k row in f32, before its rounding
-    __shared__ float mls[8][8], lls[8][8]; // every warp's max and sum per head, for the merge
-    float *qs = asm_;
-    __nv_bfloat16 *ks = reinterpret_cast<__nv_bfloat16 *>(qs + 8 * HD), *vs = ks + ADEC_ST * ADEC_TK * HD,
-                  *kp = vs + ADEC_ST * ADEC_TK * HD, *vp = kp + HD;
-    float *red = reinterpret_cast<float *>(ks); // after the last tile: [warp][head][HD]
-    const int kh = blockIdx.x, s = blockIdx.y, G = nh / nkv;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nthr = blockDim.x;
-    // prof (test_attn's timeline; null in the backend): global time at 5 points per block, prof[i * blocks + block]
-    const int nb = gridDim.x * gridDim.y, bi = blockIdx.y * gridDim.x + blockIdx.x;
-    auto mark = [&](int i) { if (prof && tid == 0) prof[i * nb + bi] = gtimer(); };
-    mark(0);
-    pdl_trigger_early();
-    pdl_wait(); // q, k and v of this token come from the q/k/v GEMV
-    const adec_range R = adec_range_of(d_pos, s, S);
-    const int64_t p = R.p, j0 = R.j0, j1 = R.j1, kvw = (int64_t)nkv * HD; // cached keys [j0, j1)
-    const bool last = R.last;
-    const int ntile = (int)((j1 - j0 + ADEC_TK - 1) / ADEC_TK);
-    // This token's q (warp h < G: head h), and in the last split its k (warp 0) and v, with their gains and
-    // RoPE frequencies, loaded before the tiles: behind the tiles' copies they waited for the DRAM traffic of
-    // every block (6 of a launch's 11 us at 4k, docs/perf.md run 58).
-    float qr[DPL], qw[DPL], fr[DPL], kr[DPL], kw[DPL];
-    if (warp < G) {
-        const float *src = qg + (int64_t)(kh * G + warp) * 2 * HD;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            const int i = lane + 32 * k;
-            qr[k] = src[i];
-            qw[k] = qn[i];
-            fr[k] = i < rd / 2 ? inv_freq[i] : 0.0f;
-            kr[k] = last && warp == 0 ? kx[(int64_t)kh * HD + i] : 0.0f;
-            kw[k] = last && warp == 0 ? kn[i] : 0.0f;
-        }
-    }
-    float vr[(HD + ADEC_THREADS - 1) / ADEC_THREADS];
-#pragma unroll
-    for (int u = 0; u < (HD + ADEC_THREADS - 1) / ADEC_THREADS; u++) {
-        const int i = tid + u * ADEC_THREADS;
-        vr[u] = last && i < HD ? vx[(int64_t)kh * HD + i] : 0.0f;
-    }
-    auto load = [&](int it, int b) {
-        const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
-        const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        for (int i = tid; i < cnt * (HD / 8); i += nthr) { // 16-byte chunks: 8 bf16
-            const int r = i / (HD / 8), c8 = i % (HD / 8);
-            const int64_t src = (t0 + r) * kvw + (int64_t)kh * HD + 8 * c8;
-            cp_async16(ks + ((size_t)b * ADEC_TK + r) * HD + 8 * c8, kc + src, true);
-            cp_async16(vs + ((size_t)b * ADEC_TK + r) * HD + 8 * c8, vc + src, true);
-        }
-        cp_async_commit();
-    };
-    // always ADEC_ST - 1 commit groups here and one per tile below (issued after
-    // the tile's barrier), so that the wait for tile it is "all but the newest
-    // ADEC_ST - 2 groups"
-    static_assert(ADEC_ST == 3, "the prologue issues two tiles");
-    if (ntile > 0) load(0, 0);
-    else cp_async_commit();
-    if (ntile > 1) load(1, 1);
-    else cp_async_commit();
-    if (warp < G) warp_norm_rope_regs<DPL>(qr, qw, fr, rd, p, eps, rsqrtf((float)HD), qs + warp * HD);
-    if (last)
-        adec_key_p<DPL, ADEC_THREADS, (HD + ADEC_THREADS - 1) / ADEC_THREADS>(
-            kr, kw, fr, rd, p, eps, vr, kc + p * kvw + (int64_t)kh * HD, vc + p * kvw + (int64_t)kh * HD, kp, vp, kpf);
-    __syncthreads(); // qs, kp and vp visible to every warp
-    mark(1);
-    float q[8][DPL]; // head h's dims lane DPL .. lane DPL + DPL - 1 (heads >= G: 0)
-#pragma unroll
-    for (int h = 0; h < 8; h++)
-#pragma unroll
-        for (int d = 0; d < DPL; d += 4) {
-            const float4 v = h < G ? *(const float4 *)(qs + h * HD + lane * DPL + d) : make_float4(0, 0, 0, 0);
-            q[h][d] = v.x; q[h][d + 1] = v.y; q[h][d + 2] = v.z; q[h][d + 3] = v.w;
-        }
-    float acc[8][DPL]; // head h's output dims, as q's
-#pragma unroll
-    for (int h = 0; h < 8; h++)
-#pragma unroll
-        for (int d = 0; d < DPL; d++) acc[h][d] = 0.0f;
-    float m = -INFINITY, l = 0.0f; // head lane % 8's running max and sum in this warp (lanes h, h+8, h+16, h+24 agree)
-    // cnt keys whose K and V rows (stride HD) start at kb and vb; this warp's are keys 4 warp .. 4 warp + 3
-    auto step = [&](const __nv_bfloat16 *kb, const __nv_bfloat16 *vb, int cnt) {
-        float sv[32]; // key kk, head h: sv[8 kk + h], this lane's dims only
-#pragma unroll
-        for (int kk = 0; kk < KPW; kk++) {
-            const int j = warp * KPW + kk;
-            float kf[DPL];
-            ld_bf16<DPL>(kb + (size_t)j * HD + lane * DPL, kf, j < cnt);
-#pragma unroll
-            for (int h = 0; h < 8; h++) {
-                float a = 0.0f;
-#pragma unroll
-                for (int d = 0; d < DPL; d++) a += q[h][d] * kf[d];
-                sv[8 * kk + h] = a;
-            }
-        }
-        warp_rs_step<16>(sv, lane);
-        warp_rs_step<8>(sv, lane);
-        warp_rs_step<4>(sv, lane);
-        warp_rs_step<2>(sv, lane);
-        warp_rs_step<1>(sv, lane); // sv[0]: key lane / 8, head lane % 8, all dims
-        const bool valid = warp * KPW + (lane >> 3) < cnt && (lane & 7) < G;
-        const float sc = valid ? sv[0] : -INFINITY;
-        float tm = fmaxf(sc, __shfl_xor_sync(0xffffffffu, sc, 8));
-        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 16));
-        const float mn = fmaxf(m, tm);
-        const float corr = mn == -INFINITY ? 1.0f : expf(m - mn); // m = -inf before the head's first key: 0
-        const float pe = valid ? expf(sc - mn) : 0.0f;
-        float ps = pe + __shfl_xor_sync(0xffffffffu, pe, 8);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-        l = l * corr + ps;
-        m = mn;
-#pragma unroll
-        for (int h = 0; h < 8; h++) {
-            const float c = __shfl_sync(0xffffffffu, corr, h);
-#pragma unroll
-            for (int d = 0; d < DPL; d++) acc[h][d] *= c;
-        }
-#pragma unroll
-        for (int kk = 0; kk < KPW; kk++) {
-            const int j = warp * KPW + kk;
-            if (j < cnt) { // warp-uniform
-                float vf[DPL];
-                ld_bf16<DPL>(vb + (size_t)j * HD + lane * DPL, vf, true);
-#pragma unroll
-                for (int h = 0; h < 8; h++) {
-                    const float pr = __shfl_sync(0xffffffffu, pe, 8 * kk + h);
-#pragma unroll
-                    for (int d = 0; d < DPL; d++) acc[h][d] += pr * vf[d];
-                }
-            }
-        }
-    };
-    for (int it = 0; it < ntile; it++) {
-        const int b = it % ADEC_ST;
-        cp_async_wait<ADEC_ST - 2>(); // all but the newest group: tile it has landed
-        __syncthreads(); // tile it visible to every warp, and every warp is done with tile it - 1
-        if (it == 0) mark(2);
-        if (it + 2 < ntile) load(it + 2, (it + 2) % ADEC_ST); // into the buffer tile it - 1 left
-        else cp_async_commit();
-        const int64_t t0 = j0 + (int64_t)it * ADEC_TK;
-        const int cnt = (int)(j1 - t0 < ADEC_TK ? j1 - t0 : ADEC_TK);
-        step(ks + (size_t)b * ADEC_TK * HD, vs + (size_t)b * ADEC_TK * HD, cnt);
-    }
-    cp_async_wait<0>();
-    mark(3);
-    if (last) step(kp, vp, 1); // key p, from shared memory (warp 0's)
-    // merge the warps: weights exp(m_w - M) per head, the weighted accumulators summed through shared memory
-    __syncthreads(); // every warp is done with the tiles: their memory becomes red
-    if (lane < 8) {
-        mls[warp][lane] = m;
-        lls[warp][lane] = l;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < 8; h++) {
-        if (h >= G) break;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < 8; w++) M = fmaxf(M, mls[w][h]);
-        const float mw = mls[warp][h], wt = mw == -INFINITY ? 0.0f : expf(mw - M);
-#pragma unroll
-        for (int d = 0; d < DPL; d += 4)
-            *(float4 *)(red + ((size_t)warp * 8 + h) * HD + lane * DPL + d) =
-                make_float4(acc[h][d] * wt, acc[h][d + 1] * wt, acc[h][d + 2] * wt, acc[h][d + 3] * wt);
-    }
-    __syncthreads();
-    adec_store<HD, 8, ADEC_THREADS>(red, mls, lls, G, kh, s, S, part);
-    mark(4);
-}
-#endif // LILAC_CUEMU

@@ -8,7 +8,7 @@
 // f32 accumulator), so the two kernels differ only in the tensor cores' summation inside a step.
 //
 // Why: k_attn_prefill feeds mma.sync one m16n8k16 at a time, loading every K and V fragment
-// through ldmatrix; it ran at ~27% of the bf16 peak (test_attn, run 76) and made a 128k
+// through ldmatrix; it ran at ~27% of the bf16 peak (test_attn) and made a 128k
 // prefill attention-bound. Here wgmma.m64n64k16 reads K, V and Q from shared memory itself:
 //  - S = Q K^T: A = the Q tile (K-major), B = the K tile (K-major); 16 dim steps x QP pieces.
 //  - O += P V: A = P from registers (the S accumulator's map is the A fragment map), B = the V
@@ -23,7 +23,7 @@
 // Q, K and V tiles share one shared-memory layout (cuda_wgmma.cuh): 64 rows of 256 bf16 as 4
 // blocks of 64 dims, 8 KB each, 128-byte swizzled; the copies write it directly.
 // Shared memory: Q (QP x 32 KB) + 2 x (K, V) (128 KB): 192 KB at QP 2.
-// Measured (test_attn, T = 2048, pos = 2048; docs/perf.md runs 94-97): k_attn_prefill 0.78 ms;
+// Measured (test_attn, T = 2048, pos = 2048; docs/perf.md): k_attn_prefill 0.78 ms;
 // one warpgroup per block 0.564; two 0.565; two with the copies' addresses hoisted (a whole tile
 // copies without bounds checks) and the descriptors precomputed 0.505 (204 TFLOP/s useful).
 //

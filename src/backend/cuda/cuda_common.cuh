@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_dmat.cuh"
+#include "cuda_matrix.cuh"
 
 #include "cuda_reduce.cuh" // warp and block sums and maxima, argmax
 
@@ -19,13 +19,9 @@
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 // The same at the start of kernels whose successor can launch and prefetch its
-// weights meanwhile (k_gdn_step, k_attn_dec, k_attn_combine): +2.3% decode at 4k
-// in runs 61-62 (docs/perf.md); -DPDL_LATE leaves it out, for comparison.
-__device__ __forceinline__ void pdl_trigger_early() {
-#ifndef PDL_LATE
-    pdl_trigger();
-#endif
-}
+// weights meanwhile (k_gdn_step, k_attn_dec_mma, k_attn_combine): decode is faster
+// when the next GEMV's weight loads overlap these short kernels (docs/perf.md).
+__device__ __forceinline__ void pdl_trigger_early() { pdl_trigger(); }
 
 // A launch on stream st, with programmatic stream serialization when pdl (see
 // above); coop: cooperative (every block resident at once, for a grid barrier, or an error).
@@ -88,7 +84,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)_
 // Bulk copies by the tensor memory accelerator (sm_90): one thread moves a contiguous
 // range (16-byte aligned, a multiple of 16 bytes) into shared memory and the copy
 // completes on an mbarrier that counts its bytes: one thread's few instructions where
-// cp.async takes every lane's (the decode GEMV's stages: docs/perf.md, run 128).
+// cp.async takes every lane's (the decode GEMV's stages: docs/perf.md).
 __device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
@@ -148,47 +144,9 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 // A barrier of the n threads (whole warps) that call it with the same id (1..15; __syncthreads uses 0).
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 
-// ---------------------------------------------------------------- grid barrier
-// (the persistent decode kernel, cuda_decode.cuh, and k_moe_fused, cuda_packed.cuh;
-// both launched cooperatively, so every CTA is resident)
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ void st_release(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // The global timer (ns): in-kernel timestamps of the profiling hooks.
 __device__ __forceinline__ unsigned long long gtimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
-}
-// Sense-reversing barrier over the whole grid: the last CTA to arrive resets the
-// count and bumps the generation the others spin on. Writes before it are
-// visible to every CTA after it (fences around the arrival).
-__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned long long *prof, int &nb) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        if (prof) prof[(2 * nb) * gridDim.x + blockIdx.x] = gtimer();
-        const unsigned g = ld_acquire(bar + 32);
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            *(volatile unsigned *)bar = 0;
-            __threadfence();
-            st_release(bar + 32, g + 1);
-        } else {
-            // A CTA that never arrives (not co-resident: impossible with a cooperative
-            // launch) would hang the GPU: after 2^28 polls (minutes), fail the launch instead.
-            for (unsigned spins = 0; *(volatile unsigned *)(bar + 32) == g; spins++)
-                if (spins > (1u << 28)) __trap();
-        }
-        __threadfence();
-        if (prof) prof[(2 * nb + 1) * gridDim.x + blockIdx.x] = gtimer();
-    }
-    nb++;
-    __syncthreads();
 }

@@ -1,13 +1,12 @@
 // cuda_gdn_chunk.cuh — the gated delta rule of a prefill in chunks of 64 tokens, its
-// products on the tensor cores (the chunked "WY" form). The default for every prefill
-// call (a prompt's piece of up to CHUNK tokens) of 128 tokens or more (LILAC_GDN_CHUNK: 0
-// never, n from n tokens): 2x the serial kernel at 1k-16k tokens (run 120), +5-6% on a whole
-// 1k/4k/32k prefill (docs/perf.md, session 11).
+// products on the tensor cores (the chunked "WY" form), for every prefill call (a prompt's
+// piece of up to CHUNK tokens) of GDN_CHUNK_MIN = 128 tokens or more: 2x the serial kernel
+// at 1k-16k tokens, +5-6% on a whole 1k/4k/32k prefill (docs/perf.md).
 //
 // The serial kernel (k_gdn_recur) runs, per value head j and token t,
 //   d_t = beta_t (v_t - a_t S^T k_t),   S = a_t S + k_t d_t^T,   o_t = S^T q_t
 // (S: dk x dv, a_t = exp(g_t) the decay), one token after another: ~230 instructions a
-// token on one warp per scheduler (docs/perf.md, run 72). Over a chunk of L tokens from
+// token on one warp per scheduler (docs/perf.md). Over a chunk of L tokens from
 // the state S0, with G_t = g_1 + .. + g_t (so gamma_t = exp(G_t)), unrolling gives
 //   S_t = gamma_t S0 + sum_{s<=t} exp(G_t - G_s) k_s d_s^T,
 // and the d_t solve one lower-triangular system,
@@ -74,7 +73,7 @@ constexpr int L = 64;       // tokens per chunk
 constexpr int DK = 128;     // key dim = value dim
 constexpr int CW = 32;      // phase B: state columns per block
 constexpr int NTA = 256;    // phase A: threads per block (8 warps)
-constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (1.07x over 4: docs/perf.md, run 80)
+constexpr int NTB = 256;    // phase B: 8 warps, two per scheduler (1.07x over 4: docs/perf.md)
 // Row strides in shared memory (floats), chosen so that every fragment load below is free
 // of bank conflicts: a tile read as A row by row, or as B with its columns stored as rows
 // (ldA, ldBt: lane (g, t) reads row g, column t), wants a stride of 4 mod 32; a tile read
@@ -280,7 +279,7 @@ __global__ void __launch_bounds__(gdc::NTA, 2)
     // R in 16-byte pieces, coalesced: thread tid takes rows tid / 32 + 8 m (m < 8), columns
     // 4 (tid % 32).. of V (global) and of K (Ks for the first head; global, after the first
     // head's solve went over Ks, for the others), all 16 loads in flight at once (one
-    // load a column and token was 17 us of a 40 us block: docs/perf.md, run 119)
+    // load a column and token takes 17 us of a 40 us block: docs/perf.md)
     const int rr = tid >> 5, e4 = 4 * (tid & 31);
 #pragma unroll 1
     for (int hh = 0; hh < HB; hh++) {
@@ -557,11 +556,10 @@ static inline size_t gdn_chunk_scratch(int T, int Hv) {
     const size_t nc = (size_t)((T + gdc::L - 1) / gdc::L) * (size_t)Hv * gdc::L;
     return nc * (2 * gdc::DK + gdc::L + 1);
 }
-// The two phases on stream st (hb = 1: phase A one v-head a block; plain launches; the kernels' shared-memory opt-in is set
-// here once per device, as attn_prefill_go does). scratch: gdn_chunk_scratch(T, Hv) floats.
+// The two phases on stream st (plain launches; the kernels' shared-memory opt-in is set here once per
+// device, as attn_prefill_go does). scratch: gdn_chunk_scratch(T, Hv) floats.
 static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, int64_t KD, int Hk, int Hv, const float *beta,
-                                           const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st,
-                                           int hb = 0) {
+                                           const float *lgd, float *ssm, float *o, int T, float *scratch, cudaStream_t st) {
     if (T <= 0) return cudaSuccess;
     cudaError_t e = cudaSuccess;
 #ifndef LILAC_CUEMU
@@ -584,7 +582,7 @@ static inline cudaError_t gdn_chunk_launch(const float *conv_out, int64_t CD, in
     float *U = scratch, *W = U + nc * gdc::DK, *M = W + nc * gdc::DK, *Gc = M + nc * gdc::L;
     // cudaLaunchKernel rather than <<< >>>, so that the emulator runs this function too
     void *aa[] = {(void *)&conv_out, &CD, &KD, &Hk, &Hv, (void *)&beta, (void *)&lgd, &T, &U, &W, &M, &Gc};
-    if (hb != 1) hb = gdn_chunk_hb(Hk, Hv); // (1: one head a block, wherever; for comparisons)
+    const int hb = gdn_chunk_hb(Hk, Hv);
     const dim3 ga((unsigned)nch, (unsigned)(Hv / hb));
     e = hb == 2 ? cudaLaunchKernel(k_gdn_chunk_a<2>, ga, dim3(gdc::NTA), aa, gdc::smem_a(2), st)
                 : cudaLaunchKernel(k_gdn_chunk_a<1>, ga, dim3(gdc::NTA), aa, gdc::smem_a(1), st);

@@ -8,9 +8,9 @@
 // f32 group sum of x) is added.
 //
 // 4-bit matrices (every matrix but the router gates), k_gemm_q<4>: the integer tensor
-// cores (mma m16n8k32 s8), as the decode GEMV computes them. (On sm_90 the default is
-// k_gemm_wg, cuda_gemm_wg.cuh: wgmma on the bf16 split below; LILAC_GEMM_WG=0 takes
-// this kernel.) The input comes as three
+// cores (mma m16n8k32 s8), as the decode GEMV computes them: the portable path (on
+// sm_90 the backend takes k_gemm_wg, cuda_gemm_wg.cuh: wgmma on the bf16 split below).
+// The input comes as three
 // int8 pieces per 64-column group,
 //   x ~ sigma_G (a + b/128 + c/16384),  sigma_G = max|x| / 127  (i8_pieces),
 // the codes (0..15) as they are, and per group one exact s32 sum D = (Sqa*128 +
@@ -18,8 +18,7 @@
 // warp, one mask per four codes. Each value within 2^-21 of its group's largest:
 // the full-size synth stays ~1e-3 off the f32 reference, as the bf16 split below
 // did (+6.5% prefill). Two pieces (2^-14) measured +21% but failed the tiny oracle
-// model (2-6e-2) and flipped near-tied logits of the full-size synth (docs/perf.md,
-// runs 68-70).
+// model (2-6e-2) and flipped near-tied logits of the full-size synth (docs/perf.md).
 //
 // 8-bit matrices (codes to 255 would overflow the s32 sum): the codes are exact in
 // bf16; the activations are split x = xh + xl (two bf16 parts, ~16 significant
@@ -32,12 +31,10 @@
 // A fragment); 8-bit codes in the MLX layout. B fragments come from ldmatrix.
 #pragma once
 #include "cuda_common.cuh"
-#include "cuda_g4.cuh"
-#include "cuda_pk.cuh" // i8_pieces, imma_s8
+#include "cuda_gemm4_tile.cuh"
+#include "cuda_packed_dot.cuh" // i8_pieces, imma_s8
 
-#ifndef G4_STAGES // (4: the same speed, docs/perf.md session 6)
 #define G4_STAGES 3
-#endif
 #define G4_XLD 72     // bf16 per activation row in shared memory (64 used; 72 keeps ldmatrix conflict-free)
 #define G4_NP 3     // int8 pieces of a 4-bit GEMM's input
 #define G4_QLDW 20 // 4-byte words per token row of one piece in shared memory (16 used; 20: conflict-free)

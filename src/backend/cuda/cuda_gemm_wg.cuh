@@ -12,9 +12,8 @@
 // significant bits: k_split_x, as the 8-bit path), f32 accumulation; per group the
 // product is scaled in f32 (one FMA per output and group). The bias term is a product of
 // its own, on the tensor cores once per 16 groups: b (exact in bf16) against the group
-// sums xs in three bf16 pieces (2^-24). Until run 100 it was a second FMA per output and
-// group; moving it cut the loop from ~208 to ~175 instructions per group and warp and
-// made the kernel 1.09-1.15x faster (docs/perf.md).
+// sums xs in three bf16 pieces (2^-24), which keeps the loop at ~175 instructions per group
+// and warp where a second FMA per output and group needs ~208 (docs/perf.md).
 //
 // Tiles as k_gemm_q's (so the same grids and expert tile map, g4_tile): 128 weight rows x 64
 // tokens, one 64-column group per pipeline stage, two blocks per SM. Two warpgroups
@@ -25,12 +24,8 @@
 // its 16-byte chunk c at chunk c ^ (n & 7). Per group and warpgroup: eight wgmma
 // (4 k-steps x 2 parts) into a fresh accumulator, wait, fold. Stages arrive by
 // cp.async; a cross-proxy fence makes them visible to wgmma (which reads shared
-// memory through the async proxy). Measured and dropped (docs/perf.md, runs 86,
-// 88, 89, 92): 256-row tiles (7% slower, 1.5x slower on an expert's tile), the next
-// group's MMAs issued before the fold (two accumulators: spills at two blocks per
-// SM), 128-token tiles with that overlap at one block per SM (0.66x: 8 warps per SM
-// wait on every barrier), one barrier per two groups (3-5% slower), each group's MMAs
-// left running across the next barrier, waited for before its fold (16% slower).
+// memory through the async proxy). (Other tilings and overlaps that are slower:
+// docs/perf.md, "Retired variants".)
 //
 // sm_90a only (wgmma): other targets compile a kernel that traps. The host runs it
 // only where k_wg_probe, compiled the same way, reports the wgmma build. The CUDA
@@ -38,7 +33,7 @@
 // descriptor decoding) runs it in CI: built with -DLILAC_CUEMU (test_gemm_wg_emu.cc).
 #pragma once
 #include "cuda_wgmma.cuh"
-#include "cuda_g4.cuh"
+#include "cuda_gemm4_tile.cuh"
 
 // Shared memory: S stages, each 1024-byte aligned (the swizzle pattern's period): the input's
 // two parts (64 tokens x 128 B each, swizzled), the packed codes of 8 row blocks (512 B each), the
@@ -56,7 +51,7 @@ constexpr size_t wg_smem() { return (size_t)wg_lay::XB + 2 * wg_lay::XB_W + 1024
 // One tile of k_gemm_wg (g4_tile placed it: W, y, ldy, m0, xrow, yrow) whose tokens the MMAs cover
 // NB wide (64, or 32 / 16 for a tile of at most that many: an expert's last, partial tile; its
 // absent tokens cost copies of zeros, not multiply-adds). sm: the stages (1024-byte aligned).
-// PAIR (a swiglu job, cuda_g4.cuh): warpgroup 0 computes 64 rows of W (the gate), warpgroup 1 the
+// PAIR (a swiglu job, cuda_gemm4_tile.cuh): warpgroup 0 computes 64 rows of W (the gate), warpgroup 1 the
 // same rows of W2 (the up), and the epilogue writes SwiGLU's split instead of y.
 template <int NB, bool PAIR>
 __device__ __forceinline__ void wg_tile(const g4_job &job, const dmat &W, const dmat &W2, float *y, int64_t ldy, int64_t m0,
@@ -287,7 +282,7 @@ __global__ void __launch_bounds__(256, 2)
     int nn;
     dmat W2{};
     if (!g4_tile(job, T, offs, sorted, tiles, n_tiles, x_div, W, y, ldy, m0, xrow, yrow, &nn, &W2)) return;
-    // (run 110: an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
+    // (an expert's tiles of a 4k prefill are 81% full, its last one mostly empty)
 #define WG_TILE(NB, PAIR) wg_tile<NB, PAIR>(job, W, W2, y, ldy, m0, xrow, yrow, xh, xl, xsw, sm)
     if (job.swiglu) {
         if (nn > 32) WG_TILE(64, true);

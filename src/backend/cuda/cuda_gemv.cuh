@@ -11,8 +11,8 @@
 #include "cuda_common.cuh"
 #define GEMV_SMEM(name) extern __shared__ __align__(16) float name[]
 #endif
-#include "cuda_dmat.cuh"
-#include "cuda_pk.cuh"
+#include "cuda_matrix.cuh"
+#include "cuda_packed_dot.cuh"
 #include "cuda_topk.cuh"
 
 enum { XM_PLAIN = 0, XM_SWIGLU = 1, XM_NORM = 2 };
@@ -200,18 +200,12 @@ static inline size_t gemv_stage_u4(int64_t cols, int ns) { return (size_t)(8 / n
 __host__ __device__ inline size_t gemv_xsmem(int64_t cols) {
     return (gemv_smem(cols) + (size_t)cols * 4 + (size_t)cols / 64 * 8 + 15) / 16 * 16;
 }
-// Blocks of k_gemv per SM the compiler budgets registers for (launch bounds).
-// 2: 107-114 registers (run 128's build), 4 weight stages. 3 (an experiment,
-// bench_gemv3): 80 registers and 3 stages, so that with a grid of two per SM the
-// next kernel's block fits beside and issues its copies before its predecessor ends.
-#ifndef GEMV_MINB
+// Blocks of k_gemv per SM the compiler budgets registers for (launch bounds): two blocks of
+// 256 threads a SM, 107-114 registers, 4 weight stages.
 #define GEMV_MINB 2
-#endif
-// (One block of 512 threads a SM that staged the input once for two halves taking the sets
-// in turn, GEMV_WIDE, lost 1.4% at 4k against two of 256: docs/perf.md, run 131.)
 #define GEMV_THREADS 256
 // The weight stages' shared memory a block.
-#define GEMV_SMEM_STAGES (GEMV_MINB >= 3 ? 56u << 10 : 110u << 10)
+#define GEMV_SMEM_STAGES (110u << 10)
 static inline int gemv_stages(int64_t cols, int ns) {
     const size_t per = gemv_stage_u4(cols, ns) * 16;
     const size_t n = GEMV_SMEM_STAGES / per;
@@ -219,11 +213,6 @@ static inline int gemv_stages(int64_t cols, int ns) {
 }
 
 #define TCG_MAX 8
-#ifdef GEMV_STAGE_MARKS // bench_gemv_marks: marks 12-14 inside the input staging
-#define GEMV_SMARKS 1
-#else
-#define GEMV_SMARKS 0
-#endif
 
 // A timestamp (SM clock, global timer) at point i of blocks 0 and last of
 // grid row 0, into prof[b*32 + i] and prof[b*32 + 16 + i]: bench_gemv.cu's
@@ -237,7 +226,7 @@ __device__ __forceinline__ void gemv_mark(unsigned long long *prof, int i) {
 
 // An output row: written, or added to y (the residual stream: one adder per row and
 // launch) as a reduction the L2 makes, so that no load round trip comes before the block
-// may leave (the same f32 sum, rounded to nearest; run 128 with the two changes beside it).
+// may leave (the same f32 sum, rounded to nearest).
 __device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
     if (accum) atomicAdd(y, v);
     else *y = v;
@@ -251,7 +240,7 @@ __device__ __forceinline__ void gemv_store(float *y, float v, int accum) {
 // ones issued before the block waits for its predecessor kernel (weights do
 // not depend on it), and then the next kernel may launch (its blocks start as
 // this one's leave: two per SM fill the register file). Where the time goes:
-// docs/perf.md, session 4 (per-launch issue and staging latency; the bf16
+// docs/perf.md (per-launch issue and staging latency; the bf16
 // products this replaced issued 146 warp instructions per 16 x 64 group).
 // Other matrices (8-bit router and shared-expert gate, bf16 checkpoints, 4-bit
 // with other group sizes) take one row per warp with row_dot (a set of 8 rows).
@@ -304,7 +293,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     }
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // (The masks change nothing at 256 threads, but without them ptxas gives the common instances
-    // 116 registers instead of 107-110: with them, the machine code runs 128-131 timed.)
+    // 116 registers instead of 107-110.)
     const int warp = (tid >> 5) & 7, ltid = tid & 255;
     const int64_t cols = W.cols, ng = cols / 64, blk = blockIdx.x - job.start[mi];
     const bool tc = W.pk != nullptr;
@@ -317,8 +306,8 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     uint4 *stg = (uint4 *)(xs + gemv_xsmem(cols) / sizeof(float)); // the weight stages
     // Copies the block's set k into stage k % S: its thread 0 moves the set's codes and
     // scale/bias pairs (contiguous in the packed layout) by two bulk copies that complete on
-    // the stage's mbarrier. (Every lane's own cp.async before, run 128: the same step time,
-    // 5-19% slower kernels alone, lm_head 93.9 -> 89.0 us.)
+    // the stage's mbarrier. (Every lane's own cp.async: the same step time, kernels alone
+    // 5-19% slower.)
     const int rbl = warp % RBB; // the row block of the set this warp multiplies
     __shared__ uint64_t sbar[4]; // stage s's copies (S <= 4)
     if (tc) {
@@ -343,7 +332,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
     // x, and the second half (SwiGLU) or the gain (RMSNorm), all loaded in one round trip
     float4 xr[GEMV_STAGE], xu[GEMV_STAGE];
     const int64_t n4 = cols / 4;
-    if (XM == XM_NORM) // the gain is a weight: loaded before the wait, off the chain after it (run 139)
+    if (XM == XM_NORM) // the gain is a weight: loaded before the wait, off the chain after it
 #pragma unroll
         for (int u = 0; u < GEMV_STAGE; u++) {
             const int64_t q = tid + (int64_t)u * blockDim.x;
@@ -372,9 +361,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
         float ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < GEMV_STAGE; u++) ss += xr[u].x * xr[u].x + xr[u].y * xr[u].y + xr[u].z * xr[u].z + xr[u].w * xr[u].w;
-        if (GEMV_SMARKS) gemv_mark(job.prof, 12); // thread 0's input loads have landed
         inv = rsqrtf(block_sum_first(ss, red) / (float)cols + job.eps); // red's only use
-        if (GEMV_SMARKS) gemv_mark(job.prof, 13); // the block's sum of squares
     }
 #pragma unroll
     for (int u = 0; u < GEMV_STAGE; u++) {
@@ -395,7 +382,6 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
         if (in) *(float4 *)(xs + xs_idx(4 * q)) = v4;
         if (tc) pk_stage4(v4, q, in, xb, xsg); // block-uniform: whole warps
     }
-    if (GEMV_SMARKS) gemv_mark(job.prof, 14); // thread 0's pieces written
     __syncthreads();
     gemv_mark(job.prof, 3);
 
@@ -441,7 +427,7 @@ __global__ void __launch_bounds__(GEMV_THREADS, GEMV_MINB)
             if (row < W.rows) gemv_store(y + row, v, accum);
         }
         // pt is rewritten two sets on, after the next barrier, which every reader above passes first
-        if (!GEMV_SMARKS || k < 8) gemv_mark(job.prof, 4 + k); // (with the staging's marks, 12-14 are theirs)
+        gemv_mark(job.prof, 4 + k);
     }
     gemv_mark(job.prof, 15);
     gemv_tail_run(job.tail);

@@ -1,14 +1,13 @@
-// cuda_moe_dec.cuh — one token's MoE block after the router: k_moe_split (the
-// decode default) and phase A, which k_moe_fused (cuda_packed.cuh) shares. Also built
-// by the CUDA emulator (tests/cuda/emu/test_moe_split_emu.cc runs k_moe_split on the CPU).
+// cuda_moe_dec.cuh — one token's MoE block after the router in one kernel, k_moe_split.
+// Also built by the CUDA emulator (tests/cuda/emu/test_moe_split_emu.cc runs it on the CPU).
 #pragma once
 #include <stdio.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "cuda_dmat.cuh"
-#include "cuda_pk.cuh"
+#include "cuda_matrix.cuh"
+#include "cuda_packed_dot.cuh"
 #include "cuda_topk.cuh"
 
 #ifdef LILAC_CUEMU // a launch's dynamic shared memory
@@ -19,7 +18,7 @@
 
 #define MOE_KMAX 8 // routed experts a token, at most
 
-// Phase A of the one-token MoE kernels (k_moe_fused, k_moe_split), for the
+// Phase A of k_moe_split, for the
 // unit (expert e, intermediate dims 32c .. 32c+31) of NW warps: warp w takes
 // row block w & 3 (gate lo, gate hi, up lo, up hi) and the groups G with
 // G % (NW/4) == w >> 2 of the H-wide input, MOE_AG * 8 / NW of them.
@@ -88,10 +87,9 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
     return h;
 }
 
-// One token's MoE after the router without a grid barrier (k_moe_split, the default since run 57:
-// +8% decode at 4k; LILAC_MOE_SPLIT=0 goes back to k_moe_fused). Unit u < K*I/32 is routed slot k = u / (I/32)
-// and its 32 intermediate dims d0 = 32 (u % (I/32)): the block makes the top-k,
-// its 32 SwiGLU values (k_moe_fused's phase A) times topw[k], and their share of
+// One token's MoE after the router without a grid barrier (k_moe_split). Unit u < K*I/32 is
+// routed slot k = u / (I/32) and its 32 intermediate dims d0 = 32 (u % (I/32)): the block makes
+// the top-k, its 32 SwiGLU values (phase A) times topw[k], and their share of
 // the down projection, Wd[e][:, d0 .. d0+31] · h over all H rows (half of one
 // packed group: the other half's codes are zeroed, its staged inputs are 0).
 // The last SI/(64 NSG) units take NSG groups of the shared expert's columns:
@@ -103,11 +101,9 @@ __device__ __forceinline__ float moe_a_swiglu(const moe_a_regs<NW> &A, const uin
 // waits for another: one launch of K*I/32 + SI/(64 NSG) blocks (132 here), in
 // any number of waves. (NaN or |sum| >= 2^31 does not survive the fixed point.)
 #define MOE_FX 4294967296.0 // 2^32
-// k_moe_split's warps: 16 (run 139: decode 4.3% faster than with 8 at 4k; 92 registers a thread
-// against 128, so the loads of phase A are spread over twice the warps)
-#ifndef MOE_SPLIT_WARPS
+// k_moe_split's warps: 16 (92 registers a thread, where 8 warps need 128), so the loads of phase A
+// are spread over more warps (docs/perf.md)
 #define MOE_SPLIT_WARPS 16
-#endif
 #define MOE_SPLIT_THREADS (32 * MOE_SPLIT_WARPS)
 __host__ __device__ inline size_t moe_split_smem(int64_t H, int NSG) {
     const size_t nrb = (size_t)((H + 15) / 16);
@@ -149,7 +145,7 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
         pdl_wait(); // the router's logits and xn come from the previous kernel
         mark(6);
         // warp 0 makes the top-k while the others stage xn: its loads then do not queue behind the
-        // weights' below (run 124: staged 4.9 us after the top-k when it came after them)
+        // weights' below (staged after them, xn lands ~5 us later)
         uint4 *xa = msm;
         if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
         else moe_stage_xn(xn, H, xa, tid - 32, blockDim.x - 32);
@@ -168,8 +164,8 @@ __global__ void __launch_bounds__(MOE_SPLIT_THREADS, 1) k_moe_split(dmat Wg, dma
             if (lane < 16) cp_async4(dsb + rb * 16 + lane, D.psb + (rb * ngd + Gd) * 16 + lane, true);
         }
         cp_async_commit();
-        // the successor may launch once this unit's loads are asked for (at the kernel's start it was 0.9%
-        // slower at 4k: docs/perf.md, run 151)
+        // the successor may launch once this unit's loads are asked for (at the kernel's start, decode
+        // at 4k is 0.9% slower: docs/perf.md)
         pdl_trigger();
         mark(2);
         const float hsw = moe_a_swiglu(A, xa, H, &part[0][0], 17);
@@ -297,7 +293,7 @@ static inline void moe_split_timeline(FILE *f, const unsigned long long *tt, int
 // k_moe_split's grid: K*I/32 routed units, then the shared expert's SI/64 groups NSG a unit.
 static inline int64_t moe_split_routed(int K, int64_t I) { return (int64_t)K * (I / 32); }
 static inline int64_t moe_split_grid(int K, int64_t I, int64_t SI, int nsg) { return moe_split_routed(K, I) + SI / (64 * nsg); }
-// Whether k_moe_split serves a layer (as k_moe_fused, and a packed shared down
+// Whether k_moe_split serves a layer (moe_split_ok, and a packed shared down
 // of whole groups); its shared units take NSG = 2 groups when the grid then fits
 // one block per SM, else 1.
 static inline int moe_split_nsg(const dmat &Ws, int64_t H, int64_t I, int K, int n_sm) {

@@ -1,6 +1,6 @@
 // cuda_packed.cuh — 4-bit weights in tensor-core fragment order (the decode GEMV
-// that reads them, k_gemv, is in cuda_gemv.cuh), and the one-token MoE kernels
-// k_moe_down and k_moe_fused.
+// that reads them, k_gemv, is in cuda_gemv.cuh), and the one-token MoE down
+// projection k_moe_down.
 //
 // Why: a decode GEMV streams every weight once, and on the plain MLX layout the
 // CUDA cores spend ~3 instructions per weight (unpack, convert, FMA): the
@@ -68,13 +68,9 @@ __global__ void k_repack4(dmat W, int64_t RB, uint4 *pk, uint32_t *psb) {
 // w, w+8, ...; the shared expert's before the predecessor wait, the routed ones
 // as soon as topi is known), and sums each row in the combine's order. No
 // arrival counter, no per-expert output buffer, and each row has one writer.
-// The two steps are device functions that k_moe_fused shares.
-// Dynamic shared memory: k_moe_down's K+1 staged sources; k_moe_fused's, then its staged H-wide input.
+// Dynamic shared memory: the K+1 staged sources.
 __host__ __device__ inline size_t moe_down_smem(int64_t I, int K) {
     return 16 * (size_t)(K + 1) * (size_t)(I / 4 + (I / 32 + 3) / 4);
-}
-__host__ __device__ inline size_t moe_fused_smem(int64_t H, int64_t I, int K) {
-    return moe_down_smem(I, K) + 16 * (size_t)(H / 4 + (H / 32 + 3) / 4);
 }
 template <int MG>
 struct moe_dn_regs { // a row block's weights, per source (slot MOE_KMAX: the shared expert)
@@ -118,7 +114,7 @@ __device__ __forceinline__ void moe_down_rows(const moe_dn_regs<MG> &R, int64_t 
             v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
                             a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
         } else if (in) {
-            v = __ldcg((const float4 *)(row + 4 * q)); // L2: written by other blocks of the same grid (k_moe_fused)
+            v = __ldcg((const float4 *)(row + 4 * q)); // L2: rows another block of the same grid may have written
         }
         uint4 *base = msm + (int64_t)s * srcw;
         pk_stage4(v, q, in, base, (float *)(base + I / 4));
@@ -179,75 +175,9 @@ __global__ void __launch_bounds__(256) k_moe_down(dmat Wd, dmat Ws, const float 
     moe_down_rows(R, rb, Wd.rows, I, gu, true, shgu, tw, K, msm, part, x);
 }
 
-// One token's whole MoE block after the router in one cooperative kernel:
-// every block makes the top-k from the router logits (E <= 256, K <= 8), then
-//   A. gate/up and SwiGLU: unit u = (slot k = u / (I/32), 32 intermediate dims
-//      d0 = 32 (u % (I/32))): 2 x 2 row blocks of Wg/Wu[topi[k]] over the
-//      staged input xn (warp w: row block w & 3, groups w >> 2, +2, ...),
-//      act[k*I + d0 + j] = silu(gate_j) * up_j;
-//   a grid barrier (all of act written);
-//   B. k_moe_down's rows for row blocks rb = blockIdx.x, + gridDim.x, ...
-// The first row block's down weights (and the shared expert's, before the
-// predecessor wait) are loaded into registers before A starts, so B's loads
-// overlap A. It replaces two launches (the gate/up GEMV with its top-k, and
-// k_moe_down) and the time between them. Needs H <= 64 * 2 * MOE_AG columns.
-template <int MG>
-__global__ void __launch_bounds__(256, 1) k_moe_fused(dmat Wg, dmat Wu, dmat Wd, dmat Ws, const float *xn, int64_t H,
-                                                      const float *rlog, int E, int norm, const float *shgu, int64_t I,
-                                                      const float *sg, int K, float *act, unsigned *bar, float *x,
-                                                      unsigned long long *prof) {
-    extern __shared__ __align__(16) uint4 msm[]; // B's staged sources, then A's staged xn
-    __shared__ float part[8][MOE_KMAX + 1][17];
-    __shared__ int ti[MOE_KMAX];
-    __shared__ float tw[MOE_KMAX + 1];
-    const int tid = threadIdx.x;
-    const int64_t ngd = I / 64, ngu = H / 64, nrb = (H + 15) / 16, upk = I / 32, nA = (int64_t)K * upk;
-    uint4 *xa = msm + moe_down_smem(I, K) / 16; // A's input: int8 pieces (H/4 uint4), then {Σx, σ} per group
-    moe_dn_regs<MG> R;
-    // prof (test_matmul's timing; null in the backend): global time at 6 points per block, prof[i * gridDim.x + block]
-    auto mark = [&](int i) { if (prof && tid == 0) prof[i * gridDim.x + blockIdx.x] = gtimer(); };
-    mark(0);
-    const int64_t rb0 = blockIdx.x;
-    if (rb0 < nrb) moe_down_load(R, MOE_KMAX, Ws, rb0, ngd);
-    pdl_wait(); // the router's logits, xn and the shared expert's gate/up come from the previous kernel
-    if (tid < 32) topk_warp<8>(rlog, E, K, norm, ti, tw, nullptr, 0);
-    if (tid == 0) tw[K] = 1.0f / (1.0f + expf(-*sg));
-    __syncthreads();
-    mark(1);
-    moe_a_regs<8> A;
-    if (blockIdx.x < nA) moe_a_load(A, Wg, Wu, ti[blockIdx.x / upk], blockIdx.x % upk, ngu);
-    if (rb0 < nrb)
-#pragma unroll
-        for (int k = 0; k < MOE_KMAX; k++)
-            if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb0, ngd);
-    moe_stage_xn(xn, H, xa, threadIdx.x, blockDim.x);
-    __syncthreads();
-    mark(2);
-    for (int64_t u = blockIdx.x; u < nA; u += gridDim.x) {
-        if (u != blockIdx.x) moe_a_load(A, Wg, Wu, ti[u / upk], u % upk, ngu);
-        const float h = moe_a_swiglu(A, xa, H, &part[0][0][0], (MOE_KMAX + 1) * 17);
-        const int64_t d = (u % upk) * 32 + tid;
-        if (tid < 32 && d < I) act[(u / upk) * I + d] = h;
-    }
-    mark(3);
-    int nb = 0;
-    grid_sync(bar, nullptr, nb); // every act row is written
-    pdl_trigger();
-    mark(4);
-    for (int64_t rb = rb0; rb < nrb; rb += gridDim.x) {
-        if (rb != rb0) {
-            moe_down_load(R, MOE_KMAX, Ws, rb, ngd);
-#pragma unroll
-            for (int k = 0; k < MOE_KMAX; k++)
-                if (k < K) moe_down_load(R, k, dmat_expert(Wd, ti[k]), rb, ngd);
-        }
-        moe_down_rows(R, rb, Wd.rows, I, act, false, shgu, tw, K, msm, part, x);
-    }
-    mark(5);
-}
-// Its dynamic shared memory, and whether it serves a layer (as k_moe_down, and
-// packed gate/up of H <= 2048 columns).
-static inline bool moe_fused_ok(const dmat &Wg, const dmat &Wu, int64_t H, int64_t I, int K, int E) {
+// Whether k_moe_split serves a layer's gate/up (with k_moe_down's test on its down
+// projections): packed gate/up of H <= 2048 columns.
+static inline bool moe_split_ok(const dmat &Wg, const dmat &Wu, int64_t H, int64_t I, int K, int E) {
     return Wg.pk && Wu.pk && Wg.cols == H && Wu.cols == H && Wg.rows == I && Wu.rows == I && H <= 64 * 2 * MOE_AG &&
            I % 32 == 0 && E <= 256 && K >= 1 && K <= MOE_KMAX;
 }

@@ -1,4 +1,4 @@
-// cuda_sample.cu — lilac_sample (src/engine/sampler.c) on the device; see cuda_sample.cuh.
+// cuda_sample.cu — lilac_sample (src/model/sampler.c) on the device; see cuda_sample.cuh.
 //
 // The host algorithm, restated in terms of positions: after the penalties (w =
 // penalised logits, NaN -> -inf), sort every token by (w descending, id

@@ -1,5 +1,5 @@
 // cuda_sample.cuh — token sampling on the device (cuda_sample.cu): the host
-// sampler's algorithm (src/engine/sampler.c, lilac_sample) run on device logits,
+// sampler's algorithm (src/model/sampler.c, lilac_sample) run on device logits,
 // with the per-sequence state (penalty counts, seen flags, xoshiro state) kept
 // on the device and updated there when a token is picked. Given the same logits
 // and seed it picks the same token as lilac_sample, except where a different
@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "../../engine/sampler.h"
+#include "../../model/sampler.h"
 #include "../../util/common.h"
 }
 

@@ -1,5 +1,5 @@
 // cuda_topk.cuh — the router's top-k of one token by one warp (k_topk_reg, the decode
-// GEMV's and the decode MoE's prologues, the persistent kernel). Also built by the CUDA
+// GEMV's and the decode MoE's prologues). Also built by the CUDA
 // emulator (tests/cuda/emu) for the decode MoE's test there.
 #pragma once
 #ifdef LILAC_CUEMU

@@ -7,7 +7,7 @@
 //
 //   g++ -std=c++20 -O1 -g -pthread -ffp-contract=off -Itests/cuda/emu -Isrc -x c++
 //       tests/cuda/test_sample.cu -x c++ src/backend/cuda/cuda_sample.cu -x none
-//       build/src/engine/sampler.o build/src/util/common.o -lm -o /tmp/test_sample_emu
+//       build/src/model/sampler.o build/src/util/common.o -lm -o /tmp/test_sample_emu
 //   /tmp/test_sample_emu --quick        (CUEMU_MAX_THREADS=128 runs blocks narrower: faster)
 //
 // A kernel launch runs its blocks one after another; a block's threads are

@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "backend/cuda/cuda_dmat.cuh"
+#include "backend/cuda/cuda_matrix.cuh"
 
 // A 4-bit affine matrix of n stacked experts (rows x cols, group 64): codes, bf16 scales and
 // biases, and the packed layout of cuda_packed.cuh made from them.

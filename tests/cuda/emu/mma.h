@@ -148,7 +148,7 @@ inline uint32_t movmatrix_t(uint32_t x) {
     return lo | hi << 16;
 }
 
-// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (imma_s8 in src/backend/cuda/cuda_pk.cuh), in
+// mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 (imma_s8 in src/backend/cuda/cuda_packed_dot.cuh), in
 // the PTX ISA's fragment map (g = lane / 4, t = lane % 4; byte j of a register is element j):
 //   A 16 x 32: a0 (g, 4t + j), a1 (g + 8, 4t + j), a2 (g, 16 + 4t + j), a3 (g + 8, 16 + 4t + j)
 //   B 32 x 8:  b0 (k 4t + j, n g), b1 (k 16 + 4t + j, n g)

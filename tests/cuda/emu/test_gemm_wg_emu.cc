@@ -101,7 +101,7 @@ static qw *make_qw(int E, int64_t R, int64_t K) {
 }
 
 // T input rows of K, split as k_split_x does: xh = bf16(x), xl = bf16(x - xh), f32 sums per group
-// in three bf16 pieces by windows of 16 groups (xsw, cuda_g4.cuh: wg_xsw_win).
+// in three bf16 pieces by windows of 16 groups (xsw, cuda_gemm4_tile.cuh: wg_xsw_win).
 struct xin {
     std::vector<float> x, xs;
     std::vector<__nv_bfloat16> xh, xl, xsw;
@@ -214,7 +214,7 @@ static void grouped(int E, int64_t R, int64_t K, int64_t T, int KS) {
     delete m;
 }
 
-// A swiglu job (cuda_g4.cuh): gate and up matrices of the same rows, the epilogue writing
+// A swiglu job (cuda_gemm4_tile.cuh): gate and up matrices of the same rows, the epilogue writing
 // h = silu(gate) * up split for the next GEMM. Against k_split_x<1>'s arithmetic (written out here)
 // on the same kernel's plain outputs of each matrix: the same bits, parts and group sums alike.
 static void launch_wg(const g4_job &j, const xin &x, int64_t T, const int *offs, const int *sorted, const std::vector<int2> &tl,

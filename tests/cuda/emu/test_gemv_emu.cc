@@ -6,7 +6,7 @@
 // int8 pieces (plain, RMSNorm with the normalised input written out, SwiGLU), rows added into the
 // residual stream, several matrices in one launch (one of them 8-bit, through row_dot), and
 // routed slots (expert mode, also with the router's top-k made in the kernel, a tie included);
-// and pk_stage4's bytes against the layout formula of cuda_pk.cuh, in both ways kernels call it.
+// and pk_stage4's bytes against the layout formula of cuda_packed_dot.cuh, in both ways kernels call it.
 // test_matmul checks the same kernel on the device. Build (tests/run.sh does):
 //   g++ -std=c++20 -O1 -g -pthread -DLILAC_CUEMU -Itests/cuda/emu -Isrc -x c++
 //       tests/cuda/emu/test_gemv_emu.cc -lm -o build/test_gemv_emu
@@ -136,7 +136,7 @@ static void plain_case(const char *what, std::vector<const qm *> ms, const q8 *q
     verdict(ok, line, e);
 }
 
-// pk_stage4 against the layout formula it implements (cuda_pk.cuh: piece n of column c at byte
+// pk_stage4 against the layout formula it implements (cuda_packed_dot.cuh: piece n of column c at byte
 // 64 n + 256 G + 16 ((w & 7) >> 1) + 4 ks + 2 (w & 1) + (w >> 3), G = c / 64, ks = c % 64 / 16,
 // w = c % 16; int8 casts of i8_pieces of c's value over its group's σ), byte by byte, over
 // inputs with zero groups, mixed magnitudes and rounding ties, in both ways the kernels call it:

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../util/common.h"
+#include "common.h"
 
 static void grow(sbuf *b, size_t need) {
     if (b->n + need + 1 <= b->cap) return;

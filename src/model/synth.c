@@ -9,7 +9,7 @@
  * and activations stay in a realistic range through all 40 layers.
  *
  * `--router` changes only the router rows (and, for `one`/`skew`, the embedding
- * biases): see lilac_synth_router in synth.h. The default output is unchanged. */
+ * biases): see lilac_synth_router in synth.h; `random`, the default, changes nothing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -19,9 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../cli/commands.h"
-#include "../model/safetensors.h"
+#include "safetensors.h"
 #include "synth.h"
+#include "tensors.h"
 
 typedef struct {
     char name[160];
@@ -204,59 +204,53 @@ static void write_config(FILE *f, const lilac_config *c, const char *note) {
     fprintf(f, "    \"eos_token_id\": %d, \"tie_word_embeddings\": false, \"hidden_act\": \"silu\"\n  },\n", c->eos_id);
     fprintf(f, "  \"quantization\": {\n    \"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"");
     for (int l = 0; l < L; l++)
-        fprintf(f, ",\n    \"language_model.model.layers.%d.mlp.gate\": {\"group_size\": 64, \"bits\": 8},\n"
-                   "    \"language_model.model.layers.%d.mlp.shared_expert_gate\": {\"group_size\": 64, \"bits\": 8}", l, l);
+        for (int k = 0; k < lilac_n_layer_tensors; k++) {
+            const lilac_layer_tensor *t = &lilac_layer_tensors[k];
+            if (!lilac_tensor_is_matrix(t) || t->bits == 4 || !lilac_tensor_in_layer(t, c, l)) continue;
+            char n[200];
+            lilac_tensor_mlx_name(n, sizeof n, t, l);
+            fprintf(f, ",\n    \"%s\": {\"group_size\": 64, \"bits\": %d}", n, t->bits);
+        }
     fprintf(f, "\n  }\n}\n");
 }
 
 int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth_opts *o, lilac_err *err) {
     const lilac_config *c = cc;
     const int64_t H = c->hidden, E = c->n_experts, I = c->moe_inter, SI = c->shared_inter;
-    const int64_t CD = cfg_conv_dim(c), VD = cfg_lin_val_dim(c), Hv = c->lin_v_heads, hd = c->head_dim;
+    const int64_t VD = cfg_lin_val_dim(c), hd = c->head_dim;
     const uint64_t seed = o->seed;
     if (H % 64 || VD % 64 || I % 64 || SI % 64 || (2 * c->n_heads * hd) % 64 || c->vocab < 1)
         return lilac_fail(err, "synth: hidden, value and expert widths must be multiples of the group size 64");
 
     specs S = {0};
-    char p[160], n[200];
+    char n[200];
     add_q(&S, "language_model.model.embed_tokens", 0, c->vocab, H, 4, 1.0f * sqrtf((float)H));
     mark(&S, R_EMBED, 0);
     add_q(&S, "language_model.lm_head", 0, c->vocab, H, 4, 2.0f);
     add(&S, "language_model.model.norm.weight", ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
-    for (int l = 0; l < c->n_layers; l++) {
-        snprintf(p, sizeof p, "language_model.model.layers.%d", l);
-#define N(fmt) (snprintf(n, sizeof n, "%s." fmt, p), n)
-        add(&S, N("input_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
-        add(&S, N("post_attention_layernorm.weight"), ST_BF16, 1, H, 0, 0, K_GAIN, 0, 0);
-        if (!c->is_full[l]) {
-            add_q(&S, N("linear_attn.in_proj_qkv"), 0, CD, H, 4, 1.0f);
-            add_q(&S, N("linear_attn.in_proj_z"), 0, VD, H, 4, 1.0f);
-            add_q(&S, N("linear_attn.in_proj_b"), 0, Hv, H, 4, 1.0f);
-            add_q(&S, N("linear_attn.in_proj_a"), 0, Hv, H, 4, 1.0f);
-            add_q(&S, N("linear_attn.out_proj"), 0, H, VD, 4, 1.0f);
-            add(&S, N("linear_attn.conv1d.weight"), ST_BF16, 3, CD, c->conv_kernel, 1, K_CONV, 0, 0);
-            add(&S, N("linear_attn.A_log"), ST_F32, 1, Hv, 0, 0, K_ALOG, 0, 0);
-            add(&S, N("linear_attn.dt_bias"), ST_BF16, 1, Hv, 0, 0, K_DTBIAS, 0, 0);
-            add(&S, N("linear_attn.norm.weight"), ST_BF16, 1, c->lin_v_dim, 0, 0, K_GAIN, 0, 0);
-        } else {
-            add_q(&S, N("self_attn.q_proj"), 0, 2 * c->n_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.k_proj"), 0, c->n_kv_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.v_proj"), 0, c->n_kv_heads * hd, H, 4, 1.0f);
-            add_q(&S, N("self_attn.o_proj"), 0, H, c->n_heads * hd, 4, 1.0f);
-            add(&S, N("self_attn.q_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
-            add(&S, N("self_attn.k_norm.weight"), ST_BF16, 1, hd, 0, 0, K_GAIN, 0, 0);
-        }
-        add_q(&S, N("mlp.gate"), 0, E, H, 8, 1.0f);
-        mark(&S, R_ROUTER, l);
-        add_q(&S, N("mlp.shared_expert_gate"), 0, 1, H, 8, 1.0f);
-        add_q(&S, N("mlp.shared_expert.gate_proj"), 0, SI, H, 4, 1.0f);
-        add_q(&S, N("mlp.shared_expert.up_proj"), 0, SI, H, 4, 1.0f);
-        add_q(&S, N("mlp.shared_expert.down_proj"), 0, H, SI, 4, 1.0f);
-        add_q(&S, N("mlp.switch_mlp.gate_proj"), E, I, H, 4, 1.0f);
-        add_q(&S, N("mlp.switch_mlp.up_proj"), E, I, H, 4, 1.0f);
-        add_q(&S, N("mlp.switch_mlp.down_proj"), E, H, I, 4, 1.0f);
-#undef N
-    }
+    int max_rank = 0;
+    for (int k = 0; k < lilac_n_layer_tensors; k++)
+        max_rank = lilac_layer_tensors[k].synth_rank > max_rank ? lilac_layer_tensors[k].synth_rank : max_rank;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int r = 0; r <= max_rank; r++) /* synth's own order: its seeds key on the position */
+            for (int k = 0; k < lilac_n_layer_tensors; k++) {
+                const lilac_layer_tensor *t = &lilac_layer_tensors[k];
+                if (t->synth_rank != r || !lilac_tensor_in_layer(t, c, l)) continue;
+                const int64_t rows = lilac_dim_size(c, t->rows);
+                lilac_tensor_mlx_name(n, sizeof n, t, l);
+                switch (t->kind) {
+                case TK_MATRIX:
+                case TK_EXPERTS:
+                    add_q(&S, n, t->kind == TK_EXPERTS ? E : 0, rows, lilac_dim_size(c, t->cols), t->bits, 1.0f);
+                    if (t->field == offsetof(lilac_layer, router)) mark(&S, R_ROUTER, l);
+                    break;
+                case TK_GAIN:
+                case TK_NORM_W: add(&S, n, ST_BF16, 1, rows, 0, 0, K_GAIN, 0, 0); break;
+                case TK_DT_BIAS: add(&S, n, ST_BF16, 1, rows, 0, 0, K_DTBIAS, 0, 0); break;
+                case TK_A_LOG: add(&S, n, ST_F32, 1, rows, 0, 0, K_ALOG, 0, 0); break;
+                case TK_CONV: add(&S, n, ST_BF16, 3, rows, c->conv_kernel, 1, K_CONV, 0, 0); break;
+                }
+            }
     /* Shards of at most ~5 GB, in spec order. */
     const size_t SHARD = o->shard_bytes ? o->shard_bytes : (size_t)-1;
     int n_shards = 1;
@@ -351,67 +345,5 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
     free(fds);
     free(hdr);
     free(S.v);
-    return 0;
-}
-
-static const char synth_help[] =
-    "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE]\n"
-    "\n"
-    "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
-    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
-    "\n"
-    "  --out DIR       the checkpoint directory (created)\n"
-    "  --seed S        default 0\n"
-    "  --layers N      1..40 (default 40)\n"
-    "  --vocab V       a positive multiple of 64 (default 248320)\n"
-    "  --router MODE   how the routers spread tokens over the 256 experts (default random);\n"
-    "                  each mode is what the 8-bit affine router format can express:\n"
-    "    random  every router row random: tokens spread evenly; the default, unchanged output\n"
-    "    ties    every router row identical: every token's router logits tie exactly, so the\n"
-    "            lowest-index rule routes every token to experts 0..7 (weight 1/8 each) and the\n"
-    "            other 248 experts are empty, in every layer\n"
-    "    one     expert 131 dominates: every token picks it first (its logit raised by 10; the\n"
-    "            others have sd ~1); the other experts stay random\n"
-    "    skew    8 hot experts (5, 63, 64, 127, 128, 200, 254, 255; logits raised by 6 down to 1)\n"
-    "            take 60-80% of the picks, the 187 cold ones (index not a multiple of 4; logits\n"
-    "            lowered by 8) are never picked, the other 61 stay random: at 64 tokens ~200 of\n"
-    "            the 256 experts are empty\n"
-    "                  one and skew raise (lower) every group bias of a hot (cold) router row and give\n"
-    "                  every embedding group's bias a shared offset of +0.5 (the entries have sd 1):\n"
-    "                  the router has no bias term, so the hidden states need a common direction.\n"
-    "                  The layers' outputs dilute it; the shifts grow with depth to match, so the\n"
-    "                  skew holds through all 40 layers (measured on the CPU reference).\n";
-
-int cmd_synth(int argc, char **argv) {
-    const char *out = NULL, *router = "random";
-    long seed = 0, layers = 40, vocab = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(synth_help, stdout);
-            return 0;
-        }
-        if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
-            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab) &&
-            !opt_str(argc, argv, &i, "--router", &router))
-            opt_unknown("synth", argv[i]);
-    }
-    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE] (see lilac synth --help)");
-    const int mode = lilac_synth_router_parse(router);
-    if (mode < 0) lilac_die("--router must be random, ties, one or skew (got \"%s\")", router);
-    lilac_config c;
-    lilac_config_real(&c);
-    if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
-    c.n_layers = (int)layers;
-    if (vocab) {
-        if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
-        c.vocab = vocab;
-    }
-    char note[64];
-    snprintf(note, sizeof note, "lilac synth --router %s", router);
-    lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull, .router = (lilac_synth_router)mode,
-                          .config_note = mode ? note : NULL};
-    lilac_err err = {{0}};
-    if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
-    lilac_config_free(&c);
     return 0;
 }

@@ -1,11 +1,11 @@
-// cuda_g4.cuh — what the two 4-bit prefill GEMMs share (k_gemm_q in cuda_gemm.cuh,
+// cuda_gemm4_tile.cuh — what the two 4-bit prefill GEMMs share (k_gemm_q in cuda_gemm.cuh,
 // k_gemm_wg in cuda_gemm_wg.cuh): the tile, the job of up to G4_MATS matrices, which tile a
 // block computes, and the codes' unpacking. Free of device assembly where the CUDA emulator
 // (tests/cuda/emu) builds it.
 #pragma once
 #include <stdint.h>
 
-#include "cuda_dmat.cuh"
+#include "cuda_matrix.cuh"
 
 #define G4_BM 128
 #define G4_BN 64

@@ -1,4 +1,4 @@
-// cuda_pk.cuh — one packed 16 x 64 group (cuda_packed.cuh's layout) times an input
+// cuda_packed_dot.cuh — the packed 4-bit product: one packed 16 x 64 group (cuda_packed.cuh's layout) times an input
 // staged as int8 pieces, on the integer tensor cores: the product the decode GEMV and
 // the decode MoE kernels are made of, and the pieces the prefill GEMM's input is split
 // into. Also built by the CUDA emulator (tests/cuda/emu: its mma.h stands in for the MMA).
@@ -89,7 +89,7 @@ __device__ __forceinline__ void pk_stage4(float4 v4, int64_t q, bool in, uint4 *
     }
     if (!in) return;
     const float inv = m > 0.0f ? 127.0f / m : 0.0f; // m = inf: pieces 0, σ inf; NaN x: Σx carries it
-    // 32-bit byte offsets from the group's base: 48 fewer instructions than 64-bit ones from xq (run 139)
+    // 32-bit byte offsets from the group's base: 48 fewer instructions than 64-bit ones from xq
     int8_t *xb = (int8_t *)xq + (q >> 4) * 256; // group G = q / 16: 16 uint4 (4 piece planes of 64 bytes)
     const int ql = (int)q & 15;
 #pragma unroll

@@ -1,4 +1,4 @@
-// cuda_dmat.cuh — the device view of a weight matrix (also built by the CUDA emulator,
+// cuda_matrix.cuh — dmat, the device view of a weight matrix (also built by the CUDA emulator,
 // tests/cuda/emu, for the kernels it runs on the CPU).
 #pragma once
 #include <cuda_bf16.h>

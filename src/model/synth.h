@@ -6,7 +6,7 @@
 #ifndef LILAC_SYNTH_H
 #define LILAC_SYNTH_H
 
-#include "../model/config.h"
+#include "config.h"
 
 /* Router weights (`lilac synth --router`): how tokens spread over the experts.
  * RANDOM is the default (every router row random: tokens spread evenly, near-ties

@@ -2,6 +2,7 @@
 #include "sampler.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,32 +80,78 @@ void lilac_sampler_accept(lilac_sampler *s, int32_t tok) {
     s->seen[tok] = 1;
 }
 
-static int cmp_desc(const void *a, const void *b, void *ctx) {
-    const float *w = ctx;
-    float x = w[*(const int32_t *)a], y = w[*(const int32_t *)b];
-    if (x > y) return -1;
-    if (x < y) return 1;
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    return (i > j) - (i < j); /* ties: lower id first (deterministic) */
+/* Candidates are ordered by weight, descending, ties by lower id first: a strict
+ * total order, so every selection below is deterministic. */
+static inline bool before(const float *w, int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); }
+
+static void sort_small(const float *w, int32_t *idx, int n) {
+    for (int i = 1; i < n; i++) {
+        int32_t x = idx[i];
+        int j = i;
+        for (; j > 0 && before(w, x, idx[j - 1]); j--) idx[j] = idx[j - 1];
+        idx[j] = x;
+    }
 }
 
-/* The k largest of w[idx[0..n)] moved to the front, sorted (k small: a heap-free
- * insertion pass over a bounded window, O(n k) worst case, O(n) typical). */
-static int top_k_select(const float *w, int32_t *idx, int n, int k) {
-    if (k >= n) k = n;
-    int m = 0; /* idx[0..m) holds the current top, sorted descending */
-    for (int i = 0; i < n; i++) {
-        int32_t id = idx[i];
-        float v = w[id];
-        if (m == k && !(v > w[idx[m - 1]])) continue;
-        int j = m < k ? m++ : m - 1;
-        while (j > 0 && (w[idx[j - 1]] < v || (w[idx[j - 1]] == v && idx[j - 1] > id))) {
-            idx[j] = idx[j - 1];
-            j--;
+/* Reorder idx[0..n) so that its first m entries are the m first in the order
+ * above, with idx[m - 1] the m-th, and return m: for count > 0 the given count
+ * (at most n); else the smallest m whose weights sum to at least `mass` (more
+ * than it when `strict`), n when none does (rounding). Quickselect: expected
+ * linear time whatever m is, where a sort would cost n log n and an insertion
+ * top-k n k (n is the whole vocabulary at temperature >= 1 without top-k). */
+static int select_prefix(const float *w, int32_t *idx, int n, int count, double mass, bool strict) {
+    if (count > 0 && count >= n) count = n;
+    int lo = 0, hi = n;
+    double acc = 0; /* weight of idx[0..lo) */
+    uint64_t r = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    while (hi - lo > 24) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17; /* pivot: median of three pseudo-random picks */
+        int32_t a = idx[lo + (int)(r % (uint64_t)(hi - lo))], b = idx[lo + (int)((r >> 21) % (uint64_t)(hi - lo))],
+                c = idx[lo + (int)((r >> 42) % (uint64_t)(hi - lo))];
+        int32_t piv = before(w, a, b) ? (before(w, b, c) ? b : before(w, a, c) ? c : a)
+                                      : (before(w, a, c) ? a : before(w, b, c) ? c : b);
+        /* partition idx[lo..hi): those before the pivot, then the pivot, then the rest */
+        int g = lo;
+        double mg = 0;
+        for (int i = lo; i < hi; i++)
+            if (before(w, idx[i], piv)) {
+                int32_t t = idx[i];
+                idx[i] = idx[g], idx[g] = t;
+                mg += w[t];
+                g++;
+            }
+        for (int i = g; i < hi; i++)
+            if (idx[i] == piv) {
+                idx[i] = idx[g], idx[g] = piv;
+                break;
+            }
+        if (count > 0) {
+            if (count <= g) hi = g;
+            else if (count == g + 1) return count;
+            else lo = g + 1;
+            continue;
         }
-        idx[j] = id;
+        double with_g = acc + mg, with_p = with_g + w[piv];
+        if (strict ? with_g > mass : with_g >= mass) hi = g;
+        else if (strict ? with_p > mass : with_p >= mass) return g + 1;
+        else acc = with_p, lo = g + 1;
     }
-    return k;
+    sort_small(w, idx + lo, hi - lo);
+    if (count > 0) return count;
+    for (int i = lo; i < hi; i++) {
+        acc += w[idx[i]];
+        if (strict ? acc > mass : acc >= mass) return i + 1;
+    }
+    /* none: the whole set; its last entry in the order is the draw of the
+     * sequential walk, so put it at n - 1 */
+    if (hi < n) {
+        int last = hi;
+        for (int i = hi + 1; i < n; i++)
+            if (before(w, idx[last], idx[i])) last = i;
+        int32_t t = idx[last];
+        idx[last] = idx[n - 1], idx[n - 1] = t;
+    }
+    return n;
 }
 
 int32_t lilac_sample(lilac_sampler *s, const lilac_sampling *p, const float *logits) {
@@ -136,41 +183,41 @@ int32_t lilac_sample(lilac_sampler *s, const lilac_sampling *p, const float *log
     for (int64_t i = 0; i < V; i++)
         if ((w[i] - mx) / T > -30.0f) s->idx[n++] = (int32_t)i;
     if (n == 0) return (int32_t)best; /* every logit -inf/NaN, or +inf: nothing to draw from */
-    if (p->top_k > 0 && p->top_k < n) n = top_k_select(w, s->idx, n, p->top_k);
-    else qsort_r(s->idx, (size_t)n, sizeof(int32_t), cmp_desc, w);
-    /* softmax over the candidates, in place of w (probabilities) */
+    if (p->top_k > 0 && p->top_k < n) n = select_prefix(w, s->idx, n, p->top_k, 0, false);
+    /* softmax weights over the candidates, in place of w (unnormalised; the best is 1) */
     double sum = 0;
     for (int i = 0; i < n; i++) {
         float e = expf((w[s->idx[i]] - mx) / T);
         w[s->idx[i]] = e;
         sum += e;
     }
-    double pmax = w[s->idx[0]] / sum;
     int keep = n;
-    if (p->top_p > 0 && p->top_p < 1) {
-        double c = 0;
-        for (int i = 0; i < n; i++) {
-            c += w[s->idx[i]] / sum;
-            if (c >= p->top_p) {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
+    /* top-p: the fewest most likely candidates holding top_p of the probability */
+    if (p->top_p > 0 && p->top_p < 1) keep = select_prefix(w, s->idx, n, 0, p->top_p * sum, false);
+    /* min-p: those at least min_p times as likely as the best (whose weight is 1);
+     * the kept set is a prefix of the order, so filtering it keeps a prefix */
     if (p->min_p > 0) {
         int k2 = 0;
-        while (k2 < keep && w[s->idx[k2]] / sum >= p->min_p * pmax) k2++;
-        if (k2 < 1) k2 = 1;
+        int32_t top = s->idx[0];
+        for (int i = 0; i < keep; i++) {
+            int32_t id = s->idx[i];
+            if (before(w, id, top)) top = id;
+            if (w[id] >= p->min_p) s->idx[i] = s->idx[k2], s->idx[k2++] = id;
+        }
+        if (k2 < 1) { /* rounding: keep the best */
+            for (int i = 0; i < keep; i++)
+                if (s->idx[i] == top) s->idx[i] = s->idx[0], s->idx[0] = top;
+            k2 = 1;
+        }
         keep = k2;
     }
     double tot = 0;
     for (int i = 0; i < keep; i++) tot += w[s->idx[i]];
-    double u = lilac_rng_uniform(&s->rng) * tot, c = 0;
-    for (int i = 0; i < keep; i++) {
-        c += w[s->idx[i]];
-        if (u < c) return s->idx[i];
-    }
-    return s->idx[keep - 1];
+    /* the draw: walking the kept candidates in order, the first whose running
+     * weight passes u */
+    double u = lilac_rng_uniform(&s->rng) * tot;
+    int m = select_prefix(w, s->idx, keep, 0, u, true);
+    return s->idx[m - 1];
 }
 
 void lilac_logprobs(const float *logits, int64_t vocab, int32_t tok, int k, float *lp_tok, int32_t *top_ids,

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "../model/sampling.h"
+#include "sampling.h"
 
 void lilac_sampling_default(lilac_sampling *p);
 /* The generator seed of a request: p->seed, or a fresh one when !has_seed. */

@@ -1,0 +1,108 @@
+/* cmd_tools.c — `lilac synth`, `lilac convert` and `lilac bench`: their options,
+ * parsed here and handed to the library (model/synth.h, tools/convert.h,
+ * tools/bench.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/synth.h"
+#include "../tools/bench.h"
+#include "../tools/convert.h"
+#include "../util/common.h"
+#include "commands.h"
+
+static const char synth_help[] =
+    "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE]\n"
+    "\n"
+    "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
+    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
+    "\n"
+    "  --out DIR       the checkpoint directory (created)\n"
+    "  --seed S        default 0\n"
+    "  --layers N      1..40 (default 40)\n"
+    "  --vocab V       a positive multiple of 64 (default 248320)\n"
+    "  --router MODE   how the routers spread tokens over the 256 experts (default random);\n"
+    "                  each mode is what the 8-bit affine router format can express:\n"
+    "    random  every router row random: tokens spread evenly (the default)\n"
+    "    ties    every router row identical: every token's router logits tie exactly, so the\n"
+    "            lowest-index rule routes every token to experts 0..7 (weight 1/8 each) and the\n"
+    "            other 248 experts are empty, in every layer\n"
+    "    one     expert 131 dominates: every token picks it first (its logit raised by 10; the\n"
+    "            others have sd ~1); the other experts stay random\n"
+    "    skew    8 hot experts (5, 63, 64, 127, 128, 200, 254, 255; logits raised by 6 down to 1)\n"
+    "            take 60-80% of the picks, the 187 cold ones (index not a multiple of 4; logits\n"
+    "            lowered by 8) are never picked, the other 61 stay random: at 64 tokens ~200 of\n"
+    "            the 256 experts are empty\n"
+    "                  one and skew raise (lower) every group bias of a hot (cold) router row and give\n"
+    "                  every embedding group's bias a shared offset of +0.5 (the entries have sd 1):\n"
+    "                  the router has no bias term, so the hidden states need a common direction.\n"
+    "                  The layers' outputs dilute it; the shifts grow with depth to match, so the\n"
+    "                  skew holds through all 40 layers (measured on the CPU reference).\n";
+
+int cmd_synth(int argc, char **argv) {
+    const char *out = NULL, *router = "random";
+    long seed = 0, layers = 40, vocab = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(synth_help, stdout);
+            return 0;
+        }
+        if (!opt_str(argc, argv, &i, "--out", &out) && !opt_int(argc, argv, &i, "--seed", &seed) &&
+            !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab) &&
+            !opt_str(argc, argv, &i, "--router", &router))
+            opt_unknown("synth", argv[i]);
+    }
+    if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE] (see lilac synth --help)");
+    const int mode = lilac_synth_router_parse(router);
+    if (mode < 0) lilac_die("--router must be random, ties, one or skew (got \"%s\")", router);
+    lilac_config c;
+    lilac_config_real(&c);
+    if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
+    c.n_layers = (int)layers;
+    if (vocab) {
+        if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
+        c.vocab = vocab;
+    }
+    char note[64];
+    snprintf(note, sizeof note, "lilac synth --router %s", router);
+    lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull, .router = (lilac_synth_router)mode,
+                          .config_note = mode ? note : NULL};
+    lilac_err err = {{0}};
+    if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
+    lilac_config_free(&c);
+    return 0;
+}
+
+int cmd_convert(int argc, char **argv) {
+    const char *from = NULL, *to = NULL;
+    long bits = 4, group = 64, threads = 0, shard_mb = 0;
+    bool keep_mtp = false, quiet = false;
+    for (int i = 1; i < argc; i++)
+        if (!opt_str(argc, argv, &i, "--from", &from) && !opt_str(argc, argv, &i, "--to", &to) &&
+            !opt_int(argc, argv, &i, "--bits", &bits) && !opt_int(argc, argv, &i, "--group-size", &group) &&
+            !opt_int(argc, argv, &i, "--threads", &threads) && !opt_int(argc, argv, &i, "--shard-mb", &shard_mb) &&
+            !opt_flag(argc, argv, &i, "--keep-mtp", &keep_mtp) && !opt_flag(argc, argv, &i, "--quiet", &quiet))
+            opt_unknown("convert", argv[i]);
+    if (!from || !to)
+        lilac_die("usage: lilac convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N] [--quiet]");
+    if (threads < 0 || threads > 4096) lilac_die("--threads must be in 0..4096");
+    if (shard_mb < 0) lilac_die("--shard-mb must be positive");
+    lilac_convert_opts o = {.bits = (int)bits, .group = (int)group, .keep_mtp = keep_mtp, .quiet = quiet,
+                            .threads = (int)threads, .shard_bytes = (size_t)shard_mb << 20};
+    lilac_err err = {{0}};
+    if (lilac_convert(from, to, &o, &err) < 0) lilac_die("%s", err.msg);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    lilac_bench_opts o = {.prompt_lens = "256,512,1024,2048,4096", .decode_steps = 64, .rounds = 3};
+    for (int i = 1; i < argc; i++)
+        if (!opt_str(argc, argv, &i, "--model", &o.model) && !opt_str(argc, argv, &i, "--backend", &o.backend) &&
+            !opt_str(argc, argv, &i, "--prompt-lens", &o.prompt_lens) && !opt_str(argc, argv, &i, "--json", &o.json) &&
+            !opt_int(argc, argv, &i, "--decode-steps", &o.decode_steps) && !opt_int(argc, argv, &i, "--rounds", &o.rounds) &&
+            !opt_int(argc, argv, &i, "--threads", &o.threads))
+            opt_unknown("bench", argv[i]);
+    if (!o.model) o.model = getenv("LILAC_MODEL");
+    if (!o.model) lilac_die("usage: lilac bench --model DIR [--prompt-lens 256,512,...] [--decode-steps 64] [--rounds 3] [--json F]");
+    return lilac_bench(&o);
+}
