@@ -142,7 +142,7 @@ int cmd_logits(int argc, char **argv) {
     lilac_model m;
     const lilac_backend *be;
     open_model("logits", &o, &m, &be);
-    lilac_session *s = be->session_new(&m, n, (int)o.threads, &err);
+    lilac_session *s = be->session_new(&m, n + (mtp_out ? drafts : 0), (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
     if (o.attn_bf16) be->set_attn_bf16(s, true);
     float *logits = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.vocab);

@@ -321,7 +321,6 @@ static int load_mtp(loader *L) {
     if (rc == 0) rc = load_layer_tensors(L, &h->layer, LILAC_MTP_LAYER, hf, h->per_expert);
     L->infer_bits = false;
     h->bytes = L->total_bytes - b0;
-    if (h->per_expert) h->bytes += 3 * (size_t)c->n_experts * (size_t)(c->moe_inter * c->hidden) * 2;
     return rc;
 }
 
