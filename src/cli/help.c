@@ -143,7 +143,10 @@ static const help_entry HELP[] = {
                 "  --group-size N            32, 64 or 128 (default 64)\n"
                 "  --threads N               0..4096 (default 0: all cores)\n"
                 "  --shard-mb MB             output shard size (default 0: the converter's own)\n"
-                "  --keep-mtp                keep the multi-token-prediction weights (default: dropped)\n"
+                "  --no-mtp                  drop the multi-token-prediction head (default: kept, quantized,\n"
+                "                            in OUT_DIR/mtp.safetensors outside the index)\n"
+                "  --mtp-only                write only OUT_DIR/mtp.safetensors into an existing checkpoint of\n"
+                "                            the same model (e.g. an mlx-community download)\n"
                 "  --quiet                   no progress lines (default off)\n"
                 "  --help, -h                this text\n"},
 };

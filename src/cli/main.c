@@ -25,7 +25,7 @@ static const command commands[] = {
     {"serve", cmd_serve, "serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--max-seq N] [--parallel N] [--log-level info]   OpenAI-compatible server"},
     {"demo", cmd_demo, "demo [--rebuild] [--build-only] [serve options]   build (once) a small random model and serve it"},
     {"chat", cmd_chat, "chat --model DIR [--no-think] [--system S] [--max-tokens N]   interactive terminal chat"},
-    {"convert", cmd_convert, "convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N]   official bf16 -> MLX 4-bit"},
+    {"convert", cmd_convert, "convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--no-mtp | --mtp-only] [--threads N]   official bf16 -> MLX 4-bit"},
 };
 
 static void usage(FILE *f) {

@@ -216,3 +216,42 @@ def test_mtp_loader_refuses_incomplete_head(real_synth):
     finally:
         (real_synth / "mtp.safetensors").unlink()
     assert proc.returncode != 0 and "mtp.layers.0.mlp.experts.down_proj" in proc.stderr, describe(proc)
+
+
+# ---- lilac convert: the head in mtp.safetensors --------------------------------------------------
+
+
+def convert(args):
+    proc = run_lilac(["convert", "--quiet"] + [str(a) for a in args])
+    assert proc.returncode == 0, describe(proc)
+
+
+def test_convert_mtp_sidecar(tiny, tmp_path, monkeypatch):
+    """Default: the head goes to mtp.safetensors (4-bit, gates 8-bit, norms 1+w) and every other file is
+    the --no-mtp conversion's, byte for byte; --mtp-only writes the same sidecar into that directory;
+    lilac's MTP logits on the converted head match the reference reading the same file."""
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny.hf_dir, hf)
+    tc = json.loads((hf / "config.json").read_text())["text_config"]
+    head = head_tensors(tc, np.random.default_rng(51), False)
+    del head["mtp.fc.weight"]  # the twin's shards carry it already
+    write_st(hf / "mtp.safetensors", head)
+    full, plain = tmp_path / "full", tmp_path / "plain"
+    convert(["--from", hf, "--to", full])
+    convert(["--from", hf, "--to", plain, "--no-mtp"])
+    files = sorted(p.name for p in plain.iterdir())
+    assert sorted(p.name for p in full.iterdir()) == sorted(files + ["mtp.safetensors"])
+    for f in files:
+        assert (full / f).read_bytes() == (plain / f).read_bytes(), f
+    shutil.copytree(plain, tmp_path / "main")  # the reference's main model: no sidecar for np_ref to read
+    convert(["--from", hf, "--to", plain, "--mtp-only"])
+    assert (plain / "mtp.safetensors").read_bytes() == (full / "mtp.safetensors").read_bytes()
+    names = np_mtp.np_ref.read_safetensors(full / "mtp.safetensors")
+    assert names["mtp.layers.0.mlp.gate.weight"].shape == (tc["num_experts"], tc["hidden_size"] // 4)  # 8-bit
+    assert names["mtp.layers.0.mlp.switch_mlp.gate_proj.weight"].shape[-1] == tc["hidden_size"] // 8  # 4-bit
+    monkeypatch.setenv("LILAC_CPU_KERNELS", "ref")
+    ids = [int(i) for i in tiny.ids[:32]]
+    got, _ = lilac_mtp(full, ids, tmp_path)
+    ref, _ = np_mtp.mtp_logits(tmp_path / "main", full, ids, K)
+    r = rel(got, ref)
+    assert r.max() <= REL_TOL, f"converted MTP head: max rel err {r.max():.3e} at row {int(r.argmax())}"
