@@ -15,7 +15,7 @@ typedef struct {
 
 static const command commands[] = {
     {"info", cmd_info, "info --model DIR                     format, geometry, bytes per component"},
-    {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy]   teacher-forced logits [T,vocab] f32 (and experts picked)"},
+    {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy] [--mtp M.npy]   teacher-forced logits [T,vocab] f32 (and experts picked)"},
     {"generate", cmd_generate, "generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat]) --max-tokens N   greedy"},
     {"synth", cmd_synth, "synth --out DIR [--seed S] [--layers N] [--vocab V] [--router random|ties|one|skew]   random full-geometry 4-bit checkpoint (--help)"},
     {"bench", cmd_bench, "bench --model DIR [--prompt-lens 256,...] [--decode-steps 64] [--rounds 3] [--json F]"},
