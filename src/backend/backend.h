@@ -29,6 +29,30 @@ typedef enum {
     LOGITS_ALL,      /* teacher forcing: [n, vocab] */
 } lilac_logits_mode;
 
+/* The MTP head's operations (weights.h lilac_mtp says what one step computes). A
+ * session's MTP state is the head's own one-layer KV cache and its position: the
+ * rows committed so far. Row p pairs the target's final-normed hidden state at
+ * position p with the token at p+1, sits at MTP position p and predicts the token
+ * at p+2. */
+typedef struct {
+    /* From now on forward() writes every row's final-normed hidden state, [n][hidden]
+     * f32, of a call of n <= cap tokens to hidden (NULL: off). */
+    void (*hidden_record)(lilac_session *s, float *hidden, int cap);
+    /* The shifted pass: rows (hidden[i], ids[i]) at MTP positions pos..pos+n-1, where
+     * pos <= the MTP position (rows from pos on are rewritten: rejected drafts' entries
+     * go that way). Logits per mode; the MTP position becomes pos+n and the last row
+     * is kept for draft(). 0, or -1 + err. */
+    int (*prefill)(lilac_session *s, int64_t pos, const float *hidden, const int32_t *ids, int n,
+                   lilac_logits_mode mode, float *logits, lilac_err *err);
+    /* k >= 1 greedy drafts from the last prefill row: drafts[0] is its argmax,
+     * drafts[i] the argmax of a chained step on (step i-1's output y, drafts[i-1]) at
+     * the next MTP position. logits (NULL: not wanted): [k][vocab]. Chained rows'
+     * KV entries lie past the MTP position, which stays: the next prefill overwrites
+     * them. 0, or -1 + err. */
+    int (*draft)(lilac_session *s, int k, int32_t *drafts, float *logits, lilac_err *err);
+    int64_t (*pos)(const lilac_session *s);
+} lilac_mtp_ops;
+
 typedef struct {
     const char *name;
     /* Create a session for up to max_seq positions (0: the config maximum). */
@@ -109,6 +133,8 @@ typedef struct {
      * NULL: no mask), before the penalties, exactly as the host path does. */
     int (*sample_constrain)(lilac_session *s, const uint64_t *mask, const int32_t *bias_ids, const float *bias_vals,
                             int n_bias, lilac_err *err);
+    /* Optional (NULL where unsupported): the MTP head, for models that have one (m->mtp). */
+    const lilac_mtp_ops *mtp;
 } lilac_backend;
 
 extern const lilac_backend lilac_backend_cpu;

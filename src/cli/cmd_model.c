@@ -80,8 +80,14 @@ int cmd_info(int argc, char **argv) {
         printf("format     MLX affine %d-bit, group %d (mlx-community layout)\n", c->q_bits, c->q_group);
     else
         printf("format     HF bf16 (official layout)\n");
-    printf("files      %d safetensors file(s), %d tensors, %d skipped (vision/MTP)\n", m.st.n_shards, m.st.n_tensors,
+    printf("files      %d safetensors file(s), %d tensors, %d skipped\n", m.st.n_shards, m.st.n_tensors,
            m.n_skipped);
+    if (m.mtp)
+        printf("mtp        MTP head: %.1f MB, %s%s (not counted in the totals below)\n", m.mtp->bytes / 1e6,
+               m.mtp->quantized ? "affine (lilac convert)" : "HF bf16",
+               m.mtp->quantized ? "" : m.mtp->per_expert ? ", experts one tensor each (Qwen3.5)" : ", experts fused (Qwen3.6)");
+    else
+        printf("mtp        no MTP head\n");
     printf("layers     %d (%d Gated DeltaNet, %d gated attention)\n", c->n_layers, c->n_layers - n_full, n_full);
     printf("hidden     %lld, vocab %lld, max context %lld\n", (long long)c->hidden, (long long)c->vocab,
            (long long)c->max_pos);
@@ -110,14 +116,25 @@ int cmd_info(int argc, char **argv) {
 
 /* ---- logits ------------------------------------------------------------- */
 
+static int argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int)best;
+}
+
+
 int cmd_logits(int argc, char **argv) {
     model_opts o = {0};
-    const char *ids_s = NULL, *out = NULL, *routes = NULL;
+    const char *ids_s = NULL, *out = NULL, *routes = NULL, *mtp_out = NULL;
+    long drafts = 1;
     for (int i = 1; i < argc; i++)
         if (!common_opt(argc, argv, &i, &o) && !opt_str(argc, argv, &i, "--ids", &ids_s) &&
-            !opt_str(argc, argv, &i, "--out", &out) && !opt_str(argc, argv, &i, "--routes", &routes))
+            !opt_str(argc, argv, &i, "--out", &out) && !opt_str(argc, argv, &i, "--routes", &routes) &&
+            !opt_str(argc, argv, &i, "--mtp", &mtp_out) && !opt_range(argc, argv, &i, "--drafts", 1, 64, &drafts))
             opt_unknown("logits", argv[i]);
-    if (!ids_s || !out) lilac_die("usage: lilac logits --model DIR --ids 1,2,3 --out FILE.npy [--routes FILE.npy]");
+    if (!ids_s || !out)
+        lilac_die("usage: lilac logits --model DIR --ids 1,2,3 --out FILE.npy [--routes FILE.npy] [--mtp FILE.npy [--drafts K]]");
     lilac_err err = {{0}};
     int32_t *ids;
     int n = lilac_parse_ids(ids_s, &ids, &err);
@@ -125,7 +142,7 @@ int cmd_logits(int argc, char **argv) {
     lilac_model m;
     const lilac_backend *be;
     open_model("logits", &o, &m, &be);
-    lilac_session *s = be->session_new(&m, n, (int)o.threads, &err);
+    lilac_session *s = be->session_new(&m, n + (mtp_out ? drafts : 0), (int)o.threads, &err);
     if (!s) lilac_die("%s", err.msg);
     if (o.attn_bf16) be->set_attn_bf16(s, true);
     float *logits = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.vocab);
@@ -141,8 +158,34 @@ int cmd_logits(int argc, char **argv) {
         for (size_t i = 0; i < len; i++) rt[i] = -1;
         be->route_record(s, rt, n);
     }
+    /* --mtp: the MTP head's logits, [n + K - 1, vocab]: the shifted pass over the prompt (row p: the
+     * final-normed hidden state at p and token p+1, the last row's token being the greedy next token),
+     * then K-1 chained greedy drafts from the last row. */
+    float *hidden = NULL;
+    if (mtp_out) {
+        if (!be->mtp) lilac_die("logits: --mtp: the %s backend has no MTP head support", be->name);
+        if (!m.mtp) lilac_die("logits: --mtp: %s has no MTP head (mtp.* tensors)", m.dir);
+        hidden = xmalloc(sizeof(float) * (size_t)n * (size_t)m.cfg.hidden);
+        be->mtp->hidden_record(s, hidden, n);
+    }
     if (be->forward(s, ids, n, LOGITS_ALL, logits, &err) < 0) lilac_die("%s", err.msg);
     if (rt) be->route_record(s, NULL, 0);
+    if (mtp_out) {
+        be->mtp->hidden_record(s, NULL, 0);
+        const int64_t V = m.cfg.vocab, K = drafts;
+        int32_t *next = xmalloc(sizeof(int32_t) * (size_t)n), *d = xmalloc(sizeof(int32_t) * (size_t)K);
+        for (int i = 0; i + 1 < n; i++) next[i] = ids[i + 1];
+        next[n - 1] = argmax(logits + (int64_t)(n - 1) * V, V);
+        float *ml = xmalloc(sizeof(float) * (size_t)(n + K) * (size_t)V);
+        if (be->mtp->prefill(s, 0, hidden, next, n, LOGITS_ALL, ml, &err) < 0) lilac_die("%s", err.msg);
+        if (K > 1 && be->mtp->draft(s, (int)K, d, ml + (int64_t)(n - 1) * V, &err) < 0) lilac_die("%s", err.msg);
+        const int64_t mshape[2] = {n + K - 1, V};
+        if (npy_write(mtp_out, "<f4", ml, 2, mshape, &err) < 0) lilac_die("%s", err.msg);
+        free(ml);
+        free(next);
+        free(d);
+        free(hidden);
+    }
     int64_t shape[2] = {n, m.cfg.vocab};
     if (npy_write(out, "<f4", logits, 2, shape, &err) < 0) lilac_die("%s", err.msg);
     if (rt && npy_write(routes, "<i4", rt, 3, rt_shape, &err) < 0) lilac_die("%s", err.msg);
@@ -155,13 +198,6 @@ int cmd_logits(int argc, char **argv) {
 }
 
 /* ---- generate ----------------------------------------------------------- */
-
-static int argmax(const float *x, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return (int)best;
-}
 
 typedef struct {
     int eos, eos2, produced;

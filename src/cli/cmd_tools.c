@@ -98,18 +98,20 @@ int cmd_synth(int argc, char **argv) {
 int cmd_convert(int argc, char **argv) {
     const char *from = NULL, *to = NULL;
     long bits = 4, group = 64, threads = 0, shard_mb = 0;
-    bool keep_mtp = false, quiet = false;
+    bool no_mtp = false, mtp_only = false, quiet = false;
     for (int i = 1; i < argc; i++)
         if (!opt_str(argc, argv, &i, "--from", &from) && !opt_str(argc, argv, &i, "--to", &to) &&
             !opt_int(argc, argv, &i, "--bits", &bits) && !opt_int(argc, argv, &i, "--group-size", &group) &&
             !opt_int(argc, argv, &i, "--threads", &threads) && !opt_int(argc, argv, &i, "--shard-mb", &shard_mb) &&
-            !opt_flag(argc, argv, &i, "--keep-mtp", &keep_mtp) && !opt_flag(argc, argv, &i, "--quiet", &quiet))
+            !opt_flag(argc, argv, &i, "--no-mtp", &no_mtp) &&
+            !opt_flag(argc, argv, &i, "--mtp-only", &mtp_only) && !opt_flag(argc, argv, &i, "--quiet", &quiet))
             opt_unknown("convert", argv[i]);
     if (!from || !to)
-        lilac_die("usage: lilac convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N] [--quiet]");
+        lilac_die("usage: lilac convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--no-mtp | --mtp-only] [--threads N] [--quiet]");
+    if (no_mtp && mtp_only) lilac_die("convert: --no-mtp and --mtp-only exclude each other");
     if (threads < 0 || threads > 4096) lilac_die("--threads must be in 0..4096");
     if (shard_mb < 0) lilac_die("--shard-mb must be positive");
-    lilac_convert_opts o = {.bits = (int)bits, .group = (int)group, .keep_mtp = keep_mtp, .quiet = quiet,
+    lilac_convert_opts o = {.bits = (int)bits, .group = (int)group, .no_mtp = no_mtp, .mtp_only = mtp_only, .quiet = quiet,
                             .threads = (int)threads, .shard_bytes = (size_t)shard_mb << 20};
     lilac_err err = {{0}};
     if (lilac_convert(from, to, &o, &err) < 0) lilac_die("%s", err.msg);

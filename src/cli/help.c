@@ -60,12 +60,16 @@ static const help_entry HELP[] = {
     {"info", "usage: lilac info --model DIR\n\nFormat, geometry and bytes per component of a checkpoint.\n\n" MODEL_FLAGS
              "  --quantize                quantize an HF bf16 checkpoint at load, as `lilac convert` would (default off)\n"
              "  --help, -h                this text\n"},
-    {"logits", "usage: lilac logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy]\n\n"
+    {"logits", "usage: lilac logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy] [--mtp M.npy [--drafts K]]\n\n"
                "Teacher-forced logits [T, vocab] (f32 .npy) of the ids.\n\n" MODEL_FLAGS
                "  --quantize                quantize an HF bf16 checkpoint at load (default off)\n"
                "  --ids 1,2,3               the token ids (required)\n"
                "  --out F.npy               where the logits go (required)\n"
                "  --routes R.npy            also the experts each layer picked, [layers, T, top_k] int32 (default: not written)\n"
+               "  --mtp M.npy               also the MTP head's logits [T + K - 1, vocab]: the shifted pass over the ids\n"
+               "                            (the last row's token: the greedy next token), then K-1 chained drafts\n"
+               "                            (default: not written)\n"
+               "  --drafts K                1..64 (default 1)\n"
                "  --help, -h                this text\n"},
     {"generate", "usage: lilac generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat [--no-thinking]]) [--max-tokens N]\n\n"
                  "Greedy generation: ids in, ids out; or text in, text out.\n\n" MODEL_FLAGS
@@ -143,7 +147,10 @@ static const help_entry HELP[] = {
                 "  --group-size N            32, 64 or 128 (default 64)\n"
                 "  --threads N               0..4096 (default 0: all cores)\n"
                 "  --shard-mb MB             output shard size (default 0: the converter's own)\n"
-                "  --keep-mtp                keep the multi-token-prediction weights (default: dropped)\n"
+                "  --no-mtp                  drop the multi-token-prediction head (default: kept, quantized,\n"
+                "                            in OUT_DIR/mtp.safetensors outside the index)\n"
+                "  --mtp-only                write only OUT_DIR/mtp.safetensors into an existing checkpoint of\n"
+                "                            the same model (e.g. an mlx-community download)\n"
                 "  --quiet                   no progress lines (default off)\n"
                 "  --help, -h                this text\n"},
 };

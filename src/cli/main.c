@@ -15,7 +15,7 @@ typedef struct {
 
 static const command commands[] = {
     {"info", cmd_info, "info --model DIR                     format, geometry, bytes per component"},
-    {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy]   teacher-forced logits [T,vocab] f32 (and experts picked)"},
+    {"logits", cmd_logits, "logits --model DIR --ids 1,2,3 --out F.npy [--routes R.npy] [--mtp M.npy]   teacher-forced logits [T,vocab] f32 (and experts picked)"},
     {"generate", cmd_generate, "generate --model DIR (--ids 1,2,3 | --prompt TEXT [--chat]) --max-tokens N   greedy"},
     {"synth", cmd_synth, "synth --out DIR [--seed S] [--layers N] [--vocab V] [--router random|ties|one|skew]   random full-geometry 4-bit checkpoint (--help)"},
     {"bench", cmd_bench, "bench --model DIR [--prompt-lens 256,...] [--decode-steps 64] [--rounds 3] [--json F]"},
@@ -25,7 +25,7 @@ static const command commands[] = {
     {"serve", cmd_serve, "serve --model DIR [--host 127.0.0.1] [--port 8000] [--api-key K] [--max-seq N] [--parallel N] [--log-level info]   OpenAI-compatible server"},
     {"demo", cmd_demo, "demo [--rebuild] [--build-only] [serve options]   build (once) a small random model and serve it"},
     {"chat", cmd_chat, "chat --model DIR [--no-think] [--system S] [--max-tokens N]   interactive terminal chat"},
-    {"convert", cmd_convert, "convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--keep-mtp] [--threads N]   official bf16 -> MLX 4-bit"},
+    {"convert", cmd_convert, "convert --from HF_DIR --to OUT_DIR [--bits 4] [--group-size 64] [--no-mtp | --mtp-only] [--threads N]   official bf16 -> MLX 4-bit"},
 };
 
 static void usage(FILE *f) {

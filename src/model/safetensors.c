@@ -516,6 +516,18 @@ static int open_index(st_set *set, const char *dir, const char *ipath, lilac_err
         if (rc != 0) goto done;
     }
 
+    /* The MTP sidecar (lilac convert's mtp.safetensors beside an mlx-community checkpoint, whose
+     * index stays mlx-lm's) joins the set when the index does not list it. */
+    {
+        bool listed = false;
+        for (size_t i = 0; i < ns; i++) listed |= strcmp(shards[i], "mtp.safetensors") == 0;
+        char *sp = path_join(dir, "mtp.safetensors");
+        struct stat sb;
+        if (!listed && stat(sp, &sb) == 0) rc = open_shard(set, sp, err);
+        free(sp);
+        if (rc != 0) goto done;
+    }
+
     /* Every index entry must exist in the shard it names. */
     json_object_foreach(wm, key, val) {
         const char *f = json_string_value(val);

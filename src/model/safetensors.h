@@ -53,7 +53,8 @@ int st_parse_buffer(st_set *set, int shard, const void *buf, size_t len, const c
 
 /* Open a model directory: model.safetensors.index.json + shards if the index
  * exists, else every *.safetensors file in the directory (normally one
- * model.safetensors). Validates everything, rejects duplicate names across
+ * model.safetensors); with an index, also mtp.safetensors (the MTP sidecar)
+ * when the index does not list it. Validates everything, rejects duplicate names across
  * shards, a missing shard, or an index entry that names a tensor its shard
  * lacks. Returns 0 or -1 + err. */
 int st_open_dir(st_set *set, const char *dir, lilac_err *err);

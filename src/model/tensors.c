@@ -37,6 +37,23 @@ const lilac_layer_tensor lilac_layer_tensors[] = {
 const int lilac_n_layer_tensors = (int)(sizeof lilac_layer_tensors / sizeof lilac_layer_tensors[0]);
 
 #undef F
+#define F(x) offsetof(lilac_mtp, x)
+
+/* The MTP head beside its decoder layer; synth_rank: synth's order (its seeds key on it). */
+const lilac_layer_tensor lilac_mtp_tensors[] = {
+    {"mtp.fc",                            NULL,                         0,       TK_MATRIX,  DIM_HIDDEN,       DIM_HIDDEN2,      4, 0, 0, 0,          F(fc),           0},
+    {"mtp.pre_fc_norm_embedding.weight",  NULL,                         0,       TK_GAIN,    DIM_HIDDEN,       DIM_ONE,          0, 0, 0, 0,          F(norm_emb),     1},
+    {"mtp.pre_fc_norm_hidden.weight",     NULL,                         0,       TK_GAIN,    DIM_HIDDEN,       DIM_ONE,          0, 0, 0, 0,          F(norm_hid),     2},
+    {"mtp.norm.weight",                   NULL,                         0,       TK_GAIN,    DIM_HIDDEN,       DIM_ONE,          0, 0, 0, 0,          F(norm),         3},
+};
+const int lilac_n_mtp_tensors = (int)(sizeof lilac_mtp_tensors / sizeof lilac_mtp_tensors[0]);
+
+#undef F
+
+void lilac_mtp_tensor_name(char *buf, size_t n, const lilac_layer_tensor *t, bool hf) {
+    if (hf && t->hf) snprintf(buf, n, LILAC_MTP_LAYER "%s", t->hf);
+    else snprintf(buf, n, LILAC_MTP_LAYER "%s%s", t->name, hf && lilac_tensor_is_matrix(t) ? ".weight" : "");
+}
 
 int64_t lilac_dim_size(const lilac_config *c, lilac_dim d) {
     switch (d) {
@@ -53,6 +70,7 @@ int64_t lilac_dim_size(const lilac_config *c, lilac_dim d) {
     case DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
     case DIM_ATTN: return (int64_t)c->n_heads * c->head_dim;
     case DIM_HEAD: return c->head_dim;
+    case DIM_HIDDEN2: return 2 * c->hidden;
     }
     return 0;
 }

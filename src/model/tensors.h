@@ -42,6 +42,7 @@ typedef enum {
     DIM_KV,           /* n_kv_heads * head_dim */
     DIM_ATTN,         /* n_heads * head_dim */
     DIM_HEAD,         /* head_dim */
+    DIM_HIDDEN2,      /* 2 * hidden: the MTP head's fc input */
 } lilac_dim;
 
 /* TF_NONLEAF: a parameter of a module with children (the GDN's dt_bias and
@@ -58,7 +59,8 @@ typedef struct {
     int bits;               /* matrices: 4 or 8 in the mlx-community checkpoint (and when quantized at load) */
     int hf_part, hf_parts;  /* TK_EXPERTS: rows block hf_part of hf_parts in the fused HF tensor */
     int flags;              /* TF_* */
-    size_t field;           /* offsetof(lilac_layer, ...): a lilac_matrix, or a float * for vectors */
+    size_t field;           /* offsetof(lilac_layer, ...) (lilac_mtp_tensors: offsetof(lilac_mtp, ...)):
+                             * a lilac_matrix, or a float * for vectors */
     int synth_rank;         /* the order synth writes a layer's tensors in (its seeds key on it) */
 } lilac_layer_tensor;
 
@@ -68,6 +70,21 @@ extern const int lilac_n_layer_tensors;
 /* The prefixes of layer l's tensor names, ending with '.'. */
 #define LILAC_MLX_LAYER "language_model.model.layers.%d."
 #define LILAC_HF_LAYER "model.language_model.layers.%d."
+
+/* The MTP head (weights.h lilac_mtp). Its decoder layer holds the tensors of
+ * lilac_layer_tensors that a full-attention layer holds (lilac_tensor_in_mtp),
+ * named LILAC_MTP_LAYER + the HF name in the official release and + the MLX
+ * name in lilac convert's mtp.safetensors; the rest of the head is
+ * lilac_mtp_tensors (full names, the same in both forms). The embedding and
+ * lm_head are the main model's. */
+#define LILAC_MTP_LAYER "mtp.layers.0."
+#define LILAC_MTP_FILE "mtp.safetensors"
+extern const lilac_layer_tensor lilac_mtp_tensors[];
+extern const int lilac_n_mtp_tensors;
+static inline bool lilac_tensor_in_mtp(const lilac_layer_tensor *t) { return (t->layers & TL_ATTN) != 0; }
+/* The name of the MTP layer's tensor t: HF (hf true; matrices with ".weight" unless t->hf names the
+ * fused tensor) or MLX (matrices without ".weight"). */
+void lilac_mtp_tensor_name(char *buf, size_t n, const lilac_layer_tensor *t, bool hf);
 
 int64_t lilac_dim_size(const lilac_config *c, lilac_dim d);
 /* Whether layer l of the model holds tensor t. */

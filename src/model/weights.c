@@ -90,6 +90,7 @@ typedef struct {
     bool *used;          /* per st tensor: consumed by the loader */
     lilac_err *err;
     size_t total_bytes;
+    bool infer_bits;     /* quantized matrices: bits and group from the shapes (the MTP sidecar is not in config.json) */
 } loader;
 
 static const char *shard_name(const loader *L, const st_tensor *t) {
@@ -144,9 +145,17 @@ static int load_matrix(loader *L, lilac_matrix *out, const char *base, const cha
     int k = 0;
     if (n_exp) shape[k++] = n_exp;
     shape[k] = rows;
-    if (st_find(&L->m->st, sname)) {
+    const st_tensor *st_s = st_find(&L->m->st, sname), *st_w = st_find(&L->m->st, name);
+    if (st_s) {
         int bits, group;
         lilac_config_quant_for(&L->m->cfg, base, &bits, &group);
+        if (L->infer_bits && st_w && st_w->ndim == nd && st_s->ndim == nd && st_s->shape[nd - 1] > 0) {
+            bits = (int)(st_w->shape[nd - 1] * 32 / cols);
+            group = (int)(cols / st_s->shape[nd - 1]);
+            if (group <= 0 || st_w->shape[nd - 1] * 32 != bits * cols || group * st_s->shape[nd - 1] != cols)
+                return lilac_fail(L->err, "%s: \"%s\": shapes of .weight and .scales do not fit %lld columns", L->m->dir,
+                                  base, (long long)cols);
+        }
         if (bits != 4 && bits != 8)
             return lilac_fail(L->err, "%s: quantization bits %d for \"%s\" unsupported (lilac reads 4 and 8)", L->m->dir,
                               bits, base);
@@ -218,26 +227,46 @@ static bool skipped_name(const char *n) {
 #define TRY(x) do { if ((x) < 0) return -1; } while (0)
 #define TRYP(p, x) do { if (!((p) = (x))) return -1; } while (0)
 
-/* Layer i's tensors, as the table (tensors.h) lists them. */
-static int load_layer(loader *L, int i) {
-    lilac_model *m = L->m;
-    const lilac_config *c = &m->cfg;
-    lilac_layer *ly = &m->layers[i];
-    const bool hf = m->layout == LAYOUT_HF;
-    ly->is_full = c->is_full[i];
+/* Qwen3.5's per-expert MTP tensors PREFIX"mlp.experts.E.LEAF.weight" [rows, cols], stacked into
+ * one [E, rows, cols] copy the model owns. */
+static int load_experts_split(loader *L, lilac_matrix *x, const char *prefix, const lilac_layer_tensor *t, int64_t rows,
+                              int64_t cols) {
+    const int E = L->m->cfg.n_experts;
+    const char *leaf = strrchr(t->name, '.') + 1; /* gate_proj, up_proj, down_proj */
+    const size_t per = (size_t)(rows * cols);
+    uint16_t *w = own(L->m, per * (size_t)E * 2);
+    for (int e = 0; e < E; e++) {
+        char n[256];
+        snprintf(n, sizeof n, "%smlp.experts.%d.%s.weight", prefix, e, leaf);
+        const int64_t shape[2] = {rows, cols};
+        const st_tensor *st = need(L, n, ST_BF16, 2, shape);
+        if (!st) return -1;
+        memcpy(w + per * (size_t)e, st->data, per * 2);
+    }
+    *x = (lilac_matrix){.type = MAT_BF16, .rows = rows, .cols = cols, .w = w, .n_experts = E, .expert_rows_stride = rows};
+    return 0;
+}
+
+/* The tensors of one decoder layer, as the table (tensors.h) lists them, named PREFIX + the HF or MLX
+ * name; per_expert: HF experts stored one tensor per expert (Qwen3.5's MTP head). */
+static int load_layer_tensors(loader *L, lilac_layer *ly, const char *prefix, bool hf, bool per_expert) {
+    const lilac_config *c = &L->m->cfg;
     for (int k = 0; k < lilac_n_layer_tensors; k++) {
         const lilac_layer_tensor *t = &lilac_layer_tensors[k];
-        if (!lilac_tensor_in_layer(t, c, i)) continue;
+        if (!(t->layers & (ly->is_full ? TL_ATTN : TL_GDN))) continue;
         const int64_t rows = lilac_dim_size(c, t->rows), cols = lilac_dim_size(c, t->cols);
         char n[256];
-        const int np = snprintf(n, sizeof n, hf ? LILAC_HF_LAYER : LILAC_MLX_LAYER, i);
-        snprintf(n + np, sizeof n - (size_t)np, "%s", hf && t->hf ? t->hf : t->name);
+        snprintf(n, sizeof n, "%s%s", prefix, hf && t->hf ? t->hf : t->name);
         if (!lilac_tensor_is_matrix(t)) {
             TRYP(*lilac_layer_vec(ly, t), load_vec(L, n, rows, t->kind == TK_CONV ? -1 : 0, hf && t->kind == TK_GAIN));
             continue;
         }
         lilac_matrix *x = lilac_layer_mat(ly, t);
         const int n_exp = t->kind == TK_EXPERTS ? c->n_experts : 0;
+        if (hf && per_expert && t->kind == TK_EXPERTS) {
+            TRY(load_experts_split(L, x, prefix, t, rows, cols));
+            continue;
+        }
         if (!hf || t->hf_parts < 2) {
             TRY(load_matrix(L, x, n, hf && t->hf ? n : NULL, n_exp, rows, cols));
             continue;
@@ -254,6 +283,45 @@ static int load_layer(loader *L, int i) {
         }
     }
     return 0;
+}
+
+static int load_layer(loader *L, int i) {
+    lilac_model *m = L->m;
+    lilac_layer *ly = &m->layers[i];
+    ly->is_full = m->cfg.is_full[i];
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, m->layout == LAYOUT_HF ? LILAC_HF_LAYER : LILAC_MLX_LAYER, i);
+    return load_layer_tensors(L, ly, prefix, m->layout == LAYOUT_HF, false);
+}
+
+/* The MTP head, when mtp.fc and the layer's input norm are present (a stray mtp.* tensor or two, as
+ * some test checkpoints carry, is skipped like vision tensors): lilac convert's form when mtp.fc is quantized (norms stored
+ * as 1+w), else the official bf16 form (norms as w; experts fused, or per expert when the fused
+ * tensor is absent). Every tensor of the head must be there. */
+static int load_mtp(loader *L) {
+    lilac_model *m = L->m;
+    const lilac_config *c = &m->cfg;
+    if (!st_find(&m->st, "mtp.fc.weight") || !st_find(&m->st, LILAC_MTP_LAYER "input_layernorm.weight")) return 0;
+    lilac_mtp *h = m->mtp = xcalloc(1, sizeof *h);
+    const size_t b0 = L->total_bytes;
+    h->quantized = st_find(&m->st, "mtp.fc.scales") != NULL;
+    const bool hf = !h->quantized;
+    h->per_expert = hf && !st_find(&m->st, LILAC_MTP_LAYER "mlp.experts.gate_up_proj");
+    L->infer_bits = true;
+    int rc = 0;
+    for (int k = 0; k < lilac_n_mtp_tensors && rc == 0; k++) {
+        const lilac_layer_tensor *t = &lilac_mtp_tensors[k];
+        const int64_t rows = lilac_dim_size(c, t->rows);
+        if (lilac_tensor_is_matrix(t))
+            rc = load_matrix(L, (lilac_matrix *)((char *)h + t->field), t->name, NULL, 0, rows, lilac_dim_size(c, t->cols));
+        else if (!(*(float **)((char *)h + t->field) = load_vec(L, t->name, rows, 0, hf)))
+            rc = -1;
+    }
+    h->layer.is_full = true;
+    if (rc == 0) rc = load_layer_tensors(L, &h->layer, LILAC_MTP_LAYER, hf, h->per_expert);
+    L->infer_bits = false;
+    h->bytes = L->total_bytes - b0;
+    return rc;
 }
 
 int lilac_model_load(lilac_model *m, const char *dir, lilac_err *err) {
@@ -286,9 +354,14 @@ int lilac_model_load(lilac_model *m, const char *dir, lilac_err *err) {
         m->layers = xcalloc((size_t)c->n_layers, sizeof(lilac_layer));
         for (int i = 0; i < c->n_layers && rc == 0; i++) rc = load_layer(&L, i);
     }
+    if (rc == 0) rc = load_mtp(&L);
     for (int i = 0; rc == 0 && i < m->st.n_tensors; i++) {
         const st_tensor *t = &m->st.tensors[i];
         if (L.used[i]) continue;
+        if (m->mtp && !strncmp(t->name, "mtp.", 4)) {
+            rc = lilac_fail(err, "%s: unexpected tensor \"%s\" in the MTP head", shard_name(&L, t), t->name);
+            break;
+        }
         if (skipped_name(t->name)) {
             m->n_skipped++;
             continue;
@@ -337,13 +410,32 @@ static void round_gain(float *g, int64_t n) {
 }
 
 int lilac_model_quantize(lilac_model *m, lilac_err *err) {
-    if (m->layout != LAYOUT_HF) return 0;
+    if (m->layout != LAYOUT_HF && !(m->mtp && !m->mtp->quantized)) return 0;
     const lilac_config *c = &m->cfg;
     char what[160];
     if (quantize_mat(m, &m->embed, 4, "embed_tokens", err) < 0) return -1;
     if (c->tie_embeddings) m->lm_head = m->embed;
     else if (quantize_mat(m, &m->lm_head, 4, "lm_head", err) < 0) return -1;
     round_gain(m->final_norm, c->hidden);
+    lilac_mtp *h = m->mtp;
+    if (h) {
+        for (int k = 0; k < lilac_n_mtp_tensors; k++) {
+            const lilac_layer_tensor *t = &lilac_mtp_tensors[k];
+            if (lilac_tensor_is_matrix(t)) {
+                if (quantize_mat(m, (lilac_matrix *)((char *)h + t->field), t->bits, t->name, err) < 0) return -1;
+            } else if (!h->quantized) {
+                round_gain(*(float **)((char *)h + t->field), lilac_dim_size(c, t->rows));
+            }
+        }
+        for (int k = 0; k < lilac_n_layer_tensors; k++) {
+            const lilac_layer_tensor *t = &lilac_layer_tensors[k];
+            if (!lilac_tensor_in_mtp(t)) continue;
+            if (t->kind == TK_GAIN && !h->quantized) round_gain(*lilac_layer_vec(&h->layer, t), lilac_dim_size(c, t->rows));
+            if (!lilac_tensor_is_matrix(t)) continue;
+            snprintf(what, sizeof what, "MTP %s", t->name);
+            if (quantize_mat(m, lilac_layer_mat(&h->layer, t), t->bits, what, err) < 0) return -1;
+        }
+    }
     for (int l = 0; l < c->n_layers; l++) {
         lilac_layer *y = &m->layers[l];
         for (int k = 0; k < lilac_n_layer_tensors; k++) {
@@ -366,6 +458,12 @@ void lilac_model_free(lilac_model *m) {
             free(l->dt_bias); free(l->gdn_norm); free(l->q_norm); free(l->k_norm);
         }
         free(m->layers);
+    }
+    if (m->mtp) {
+        lilac_layer *l = &m->mtp->layer;
+        free(l->in_norm); free(l->post_norm); free(l->q_norm); free(l->k_norm);
+        free(m->mtp->norm_emb); free(m->mtp->norm_hid); free(m->mtp->norm);
+        free(m->mtp);
     }
     free(m->final_norm);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

@@ -71,6 +71,28 @@ typedef struct {
 
 typedef enum { LAYOUT_MLX, LAYOUT_HF } lilac_layout;
 
+/* The multi-token-prediction head (mtp.*): one draft step maps the target's
+ * final-normed hidden state h_p and the embedding of token x_{p+1} to logits
+ * for x_{p+2}:
+ *   u = fc · concat(rmsnorm(E[x])·norm_emb, rmsnorm(h)·norm_hid)   (embedding first)
+ *   u = decoder layer (a full gated-attention layer + MoE, its own KV cache)
+ *   y = rmsnorm(u)·norm;  logits = lm_head · y   (embedding and lm_head shared)
+ * y is also the h of the next chained step. Stored either in the official HF
+ * form (bf16, norms as w, experts fused [E,2I,H] as Qwen3.6 or one tensor per
+ * expert as Qwen3.5) or as `lilac convert` writes it to mtp.safetensors
+ * (affine 4-bit, router and shared-expert gate 8-bit, norms as 1+w). Gains
+ * here are the multiplier (1+w) either way. */
+typedef struct {
+    lilac_matrix fc;           /* [hidden, 2*hidden] */
+    float *norm_emb;           /* [hidden] gain on the token's embedding */
+    float *norm_hid;           /* [hidden] gain on the incoming hidden state */
+    float *norm;               /* [hidden] final gain (mtp.norm) */
+    lilac_layer layer;         /* is_full: attention + MoE tensors set */
+    bool per_expert;           /* read from Qwen3.5's per-expert tensors */
+    bool quantized;            /* stored as lilac convert writes it */
+    size_t bytes;              /* bytes of its tensors in the checkpoint */
+} lilac_mtp;
+
 typedef struct {
     lilac_config cfg;
     lilac_layout layout;
@@ -80,7 +102,8 @@ typedef struct {
     lilac_matrix lm_head;      /* [vocab, hidden] (= embed when tied) */
     float *final_norm;         /* [hidden] gain */
     lilac_layer *layers;       /* [n_layers] */
-    int n_skipped;             /* vision / mtp tensors ignored */
+    lilac_mtp *mtp;            /* the MTP head, NULL when the checkpoint has none */
+    int n_skipped;             /* vision tensors (and an incomplete MTP head's) ignored */
     /* Heap buffers the model owns (matrices quantized at load), with their sizes:
      * backends treat them like checkpoint tensors. */
     void **owned;
@@ -90,8 +113,11 @@ typedef struct {
 
 /* Load DIR (config.json + safetensors). Detects the layout, checks every
  * expected tensor's presence, dtype and shape against the config, skips
- * vision_tower.* / model.visual.* / mtp.* and refuses any other unknown
- * tensor. On failure: -1 and one line in err naming file and tensor. */
+ * vision_tower.* / model.visual.* and refuses any other unknown tensor. The
+ * MTP head is loaded when mtp.fc and mtp.layers.0.input_layernorm are present
+ * (in the shards or in the sidecar mtp.safetensors), and then every one of its
+ * tensors must be; otherwise m->mtp is NULL (stray mtp.* tensors are skipped). On
+ * failure: -1 and one line in err naming file and tensor. */
 int lilac_model_load(lilac_model *m, const char *dir, lilac_err *err);
 void lilac_model_free(lilac_model *m);
 
@@ -99,7 +125,9 @@ void lilac_model_free(lilac_model *m);
  * `lilac convert` (and mlx-lm) would: 4-bit, group 64; the router and the shared
  * expert gate 8-bit; norm gains rounded to bf16(1+w) as the converted file stores
  * them. Afterwards the model computes what the converted checkpoint computes.
- * A no-op for MLX checkpoints. 0, or -1 + err (a non-finite weight, named). */
+ * The MTP head's bf16 matrices are quantized the same way (also beside an MLX
+ * main model). Otherwise a no-op for MLX checkpoints. 0, or -1 + err (a
+ * non-finite weight, named). */
 int lilac_model_quantize(lilac_model *m, lilac_err *err);
 
 /* Dequantise row r of a matrix into out[cols] (f32): w = s*q + b per group. */

@@ -5,7 +5,8 @@
  *    the top level (write_config);
  *  - Model(args): TextModelArgs renames rope_parameters.rope_type -> type in place,
  *    and that mutated dict is what gets saved (write_config);
- *  - sanitize (spec §2.2): vision and mtp.* dropped, names moved under
+ *  - sanitize (spec §2.2): vision and mtp.* dropped (lilac keeps a whole MTP
+ *    head, quantized, in mtp.safetensors outside the index: add_mtp), names moved under
  *    language_model., fused experts split into switch_mlp.{gate,up,down}_proj,
  *    conv1d [C,1,K] -> [C,K,1] (same bytes: the middle axis has size 1), norms
  *    bf16(w+1) (build_plan, run_unit);
@@ -64,6 +65,7 @@ typedef struct {
     int64_t numel_orig; /* parameters counted by mlx-lm's total_parameters */
     int shard;
     size_t off; /* offset in the shard's data region */
+    bool mtp;   /* goes to the MTP sidecar mtp.safetensors (not in the index) */
 } otensor;
 
 typedef struct {
@@ -201,13 +203,12 @@ static int add_vec(plan *P, ctx *C, const char *out, const st_tensor *src, job_k
     return 0;
 }
 
-/* One tensor of layer l (tensors.h): its HF source checked, its MLX output(s) planned. */
-static int add_layer_tensor(plan *P, ctx *C, const lilac_layer_tensor *lt, int l) {
+/* One tensor of a layer (tensors.h): its HF source s checked, its MLX output(s) o planned; hf_prefix:
+ * the layer's HF prefix (for the per-expert check). */
+static int add_layer_tensor_named(plan *P, ctx *C, const lilac_layer_tensor *lt, const char *s, const char *o,
+                                  const char *hf_prefix) {
     const lilac_config *c = C->cfg;
     const int64_t rows = lilac_dim_size(c, lt->rows), cols = lilac_dim_size(c, lt->cols), E = c->n_experts;
-    char s[240], o[240];
-    lilac_tensor_hf_name(s, sizeof s, lt, l);
-    lilac_tensor_mlx_name(o, sizeof o, lt, l);
     const st_tensor *t;
     switch (lt->kind) {
     case TK_MATRIX:
@@ -217,7 +218,7 @@ static int add_layer_tensor(plan *P, ctx *C, const lilac_layer_tensor *lt, int l
         const int64_t parts = lt->hf_parts > 1 ? lt->hf_parts : 1;
         if (lt->hf_parts > 1 && lt->hf_part == 0 && !st_find(C->st, s)) {
             char alt[240];
-            snprintf(alt, sizeof alt, LILAC_HF_LAYER "mlp.experts.0.gate_proj.weight", l);
+            snprintf(alt, sizeof alt, "%smlp.experts.0.gate_proj.weight", hf_prefix);
             if (st_find(C->st, alt))
                 return lilac_fail(C->err, "convert: %s: experts stored one by one; only the fused layout "
                                           "(mlp.experts.gate_up_proj, as in Qwen/Qwen3.6-35B-A3B) is supported", alt);
@@ -243,9 +244,51 @@ static int add_layer_tensor(plan *P, ctx *C, const lilac_layer_tensor *lt, int l
     return 0;
 }
 
+static int add_layer_tensor(plan *P, ctx *C, const lilac_layer_tensor *lt, int l) {
+    char s[240], o[240], pre[64];
+    lilac_tensor_hf_name(s, sizeof s, lt, l);
+    lilac_tensor_mlx_name(o, sizeof o, lt, l);
+    snprintf(pre, sizeof pre, LILAC_HF_LAYER, l);
+    return add_layer_tensor_named(P, C, lt, s, o, pre);
+}
+
+/* Whether the checkpoint carries an MTP head (a stray mtp.* tensor or two does not count). */
+static bool has_mtp_head(const st_set *st) {
+    return st_find(st, "mtp.fc.weight") && st_find(st, LILAC_MTP_LAYER "input_layernorm.weight");
+}
+
+/* The MTP head for mtp.safetensors: quantized as the main model's layers are (4-bit, the router and
+ * shared-expert gate 8-bit), norms bf16(1+w), names as lilac_mtp_tensor_name's MLX form. */
+static int add_mtp(plan *P, ctx *C) {
+    const lilac_config *c = C->cfg;
+    const int first = P->nt;
+    char s[240], o[240];
+    for (int k = 0; k < lilac_n_mtp_tensors; k++) {
+        const lilac_layer_tensor *lt = &lilac_mtp_tensors[k];
+        const int64_t rows = lilac_dim_size(c, lt->rows), cols = lilac_dim_size(c, lt->cols);
+        const st_tensor *t;
+        if (lilac_tensor_is_matrix(lt)) {
+            snprintf(s, sizeof s, "%s.weight", lt->name);
+            if (!(t = need(C, s, 2, rows, cols, 0)) || add_matrix(P, C, lt->name, t, 1, rows, cols, rows, 0, false)) return -1;
+        } else {
+            if (!(t = need(C, lt->name, 1, rows, 0, 0))) return -1;
+            add_vec(P, C, lt->name, t, K_NORM, 1, t->shape);
+        }
+    }
+    for (int k = 0; k < lilac_n_layer_tensors; k++) {
+        const lilac_layer_tensor *lt = &lilac_layer_tensors[k];
+        if (!lilac_tensor_in_mtp(lt)) continue;
+        lilac_mtp_tensor_name(s, sizeof s, lt, true);
+        lilac_mtp_tensor_name(o, sizeof o, lt, false);
+        if (add_layer_tensor_named(P, C, lt, s, o, LILAC_MTP_LAYER) < 0) return -1;
+    }
+    for (int i = first; i < P->nt; i++) P->t[i].mtp = true;
+    return 0;
+}
+
 /* Every output tensor, in the order of mlx-lm's model.parameters() (which decides
- * the shard split). */
-static int build_plan(plan *P, ctx *C, bool keep_mtp) {
+ * the shard split), then the MTP head's (its own file). */
+static int build_plan(plan *P, ctx *C, bool no_mtp, bool mtp_only) {
     const lilac_config *c = C->cfg;
     const int64_t H = c->hidden, V = c->vocab;
     const char *HP = "model.language_model.", *OP = "language_model.model.";
@@ -255,6 +298,12 @@ static int build_plan(plan *P, ctx *C, bool keep_mtp) {
 #define OUT(...) (snprintf(o, sizeof o, __VA_ARGS__), o)
 #define NEED(nd, a, b, cc) if (!(t = need(C, s, nd, a, b, cc))) return -1
 
+    if (mtp_only) {
+        if (!has_mtp_head(C->st))
+            return lilac_fail(C->err, "convert: --mtp-only: the checkpoint has no MTP head (mtp.fc.weight and "
+                                      LILAC_MTP_LAYER "input_layernorm.weight)");
+        return add_mtp(P, C);
+    }
     SRC("%sembed_tokens.weight", HP);
     NEED(2, V, H, 0);
     if (add_matrix(P, C, OUT("%sembed_tokens", OP), t, 1, V, H, V, 0, false)) return -1;
@@ -274,17 +323,14 @@ static int build_plan(plan *P, ctx *C, bool keep_mtp) {
     } else if ((t = st_find(C->st, "lm_head.weight"))) {
         C->used[t - C->st->tensors] = true; /* tied: sanitize drops it */
     }
+    if (!no_mtp && has_mtp_head(C->st) && add_mtp(P, C) < 0) return -1;
     /* Everything else must be vision or MTP. */
     for (int i = 0; i < C->st->n_tensors; i++) {
         const st_tensor *x = &C->st->tensors[i];
         if (C->used[i]) continue;
         const bool mtp = strstr(x->name, "mtp.") != NULL;
         if (!strncmp(x->name, "model.visual.", 13) || !strncmp(x->name, "vision_tower", 12)) continue;
-        if (mtp && keep_mtp) {
-            add_vec(P, C, x->name, x, K_KEEP, x->ndim, x->shape);
-            continue;
-        }
-        if (mtp) continue;
+        if (mtp) continue; /* --no-mtp, or not a whole head */
         return lilac_fail(C->err, "convert: unexpected tensor %s (%s %s) in %s: not part of a qwen3_5_moe checkpoint "
                                   "with this config", x->name, st_dtype_name(x->dtype),
                           lilac_shape_str(s, sizeof s, x->ndim, x->shape), C->st->shards[x->shard].path);
@@ -864,9 +910,16 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
     const size_t shard_limit = opt->shard_bytes ? opt->shard_bytes : ((size_t)5 << 30);
     const double t0 = lilac_now();
 
-    /* Refuse an existing output before reading anything. */
+    /* Refuse an existing output before reading anything (--mtp-only: the directory it completes). */
     struct stat sb;
-    if (stat(to, &sb) == 0) {
+    if (opt->mtp_only) {
+        char *cp = pjoin(to, "config.json"), *mp = pjoin(to, LILAC_MTP_FILE);
+        const bool has_cfg = stat(cp, &sb) == 0, has_mtp = stat(mp, &sb) == 0;
+        free(cp);
+        free(mp);
+        if (!has_cfg) return lilac_fail(err, "convert: --mtp-only: %s has no config.json (expected the checkpoint to complete)", to);
+        if (has_mtp) return lilac_fail(err, "convert: --mtp-only: %s/%s already exists", to, LILAC_MTP_FILE);
+    } else if (stat(to, &sb) == 0) {
         DIR *d = S_ISDIR(sb.st_mode) ? opendir(to) : NULL;
         int entries = 0;
         struct dirent *de;
@@ -880,6 +933,21 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
     /* Config: geometry (validated) and the raw JSON (dtype, already quantized?). */
     lilac_config cfg;
     if (lilac_config_load(&cfg, from, err) < 0) return -1;
+    if (opt->mtp_only) { /* the directory completed must be this model's geometry */
+        lilac_config tc;
+        if (lilac_config_load(&tc, to, err) < 0) {
+            lilac_config_free(&cfg);
+            return -1;
+        }
+        const bool same = tc.hidden == cfg.hidden && tc.vocab == cfg.vocab && tc.n_experts == cfg.n_experts &&
+                          tc.moe_inter == cfg.moe_inter && tc.shared_inter == cfg.shared_inter &&
+                          tc.n_heads == cfg.n_heads && tc.n_kv_heads == cfg.n_kv_heads && tc.head_dim == cfg.head_dim;
+        lilac_config_free(&tc);
+        if (!same) {
+            lilac_config_free(&cfg);
+            return lilac_fail(err, "convert: --mtp-only: %s is not a checkpoint of %s's geometry", to, from);
+        }
+    }
     int rc = -1;
     plan P = {0};
     st_set st = {0};
@@ -911,15 +979,16 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         if (st_open_dir(&st, from, err) < 0) goto out;
         used = xcalloc((size_t)st.n_tensors, sizeof(bool));
         ctx C = {&st, &cfg, bits, group, cast, err, used};
-        if (build_plan(&P, &C, opt->keep_mtp) < 0) goto out;
+        if (build_plan(&P, &C, opt->no_mtp, opt->mtp_only) < 0) goto out;
     }
     make_units(&P);
 
     /* Shards: model parameter order, at most shard_limit bytes (mlx-lm make_shards). */
-    int n_shards = 0;
+    int n_shards = 0, n_main = 0, mtp_shard = -1;
     {
         size_t cur = 0;
         for (int i = 0; i < P.nt; i++) {
+            if (P.t[i].mtp) continue;
             if (!n_shards || cur + P.t[i].nbytes > shard_limit) {
                 n_shards++;
                 cur = 0;
@@ -927,6 +996,10 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
             P.t[i].shard = n_shards - 1;
             cur += P.t[i].nbytes;
         }
+        n_main = n_shards;
+        for (int i = 0; i < P.nt; i++)
+            if (P.t[i].mtp) P.t[i].shard = mtp_shard = n_main;
+        if (mtp_shard >= 0) n_shards++;
     }
     /* Within a shard: data in name order; header with sorted keys, no padding. */
     char **headers = xcalloc((size_t)n_shards, sizeof(char *));
@@ -959,6 +1032,7 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
         out_total += shard_size[sh];
     }
     for (int i = 0; i < P.nt; i++) {
+        if (P.t[i].mtp) continue;
         total_size += P.t[i].nbytes;
         total_params += P.t[i].numel_orig;
     }
@@ -1012,8 +1086,9 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
     R.data_start = xmalloc(sizeof(size_t) * (size_t)n_shards);
     char fname[64];
     for (int sh = 0; sh < n_shards; sh++) {
-        if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
-        else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", sh + 1, n_shards);
+        if (sh == mtp_shard) snprintf(fname, sizeof fname, LILAC_MTP_FILE);
+        else if (n_main == 1) snprintf(fname, sizeof fname, "model.safetensors");
+        else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", sh + 1, n_main);
         char *p = pjoin(tmp, fname);
         R.out_fd[sh] = open(p, O_RDWR | O_CREAT | O_TRUNC, 0644);
         unsigned char le[8];
@@ -1092,22 +1167,42 @@ int lilac_convert(const char *from, const char *to, const lilac_convert_opts *op
     }
     progress_tick(&pg, 0, "", true);
 
+    /* --mtp-only: the sidecar joins the existing directory. */
+    if (opt->mtp_only) {
+        char *s = pjoin(tmp, LILAC_MTP_FILE), *d = pjoin(to, LILAC_MTP_FILE);
+        const int e = rename(s, d) != 0 ? errno : 0;
+        free(s);
+        free(d);
+        if (e) {
+            lilac_fail(err, "convert: moving %s/%s into %s failed: %s", tmp, LILAC_MTP_FILE, to, strerror(e));
+            goto out_h;
+        }
+        rmdir(tmp);
+        fsync_path(to);
+        if (!opt->quiet)
+            fprintf(stderr, "convert: wrote %s/%s: %d tensors, %.2f GB in %.1f s\n", to, LILAC_MTP_FILE, P.nt,
+                    out_total / 1e9, lilac_now() - t0);
+        rc = 0;
+        goto out_h;
+    }
     /* Index, config, tokenizer and template files. */
     {
         sbuf ix = {0};
         sb_printf(&ix, "{\n    \"metadata\": {\n        \"total_size\": %zu,\n        \"total_parameters\": %lld\n    },\n    \"weight_map\": {",
                total_size, (long long)total_params);
         otensor **byname = xmalloc(sizeof(otensor *) * (size_t)(P.nt ? P.nt : 1));
-        for (int i = 0; i < P.nt; i++) byname[i] = &P.t[i];
-        qsort(byname, (size_t)P.nt, sizeof *byname, cmp_otensor_name);
-        for (int i = 0; i < P.nt; i++) {
-            if (n_shards == 1) snprintf(fname, sizeof fname, "model.safetensors");
-            else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", byname[i]->shard + 1, n_shards);
+        int nb = 0;
+        for (int i = 0; i < P.nt; i++)
+            if (!P.t[i].mtp) byname[nb++] = &P.t[i]; /* the sidecar stays out of mlx-lm's index */
+        qsort(byname, (size_t)nb, sizeof *byname, cmp_otensor_name);
+        for (int i = 0; i < nb; i++) {
+            if (n_main == 1) snprintf(fname, sizeof fname, "model.safetensors");
+            else snprintf(fname, sizeof fname, "model-%05d-of-%05d.safetensors", byname[i]->shard + 1, n_main);
             sb_puts(&ix, "\n        ");
             py_string(&ix, byname[i]->name, strlen(byname[i]->name));
-            sb_printf(&ix, ": \"%s\"%s", fname, i + 1 < P.nt ? "," : "");
+            sb_printf(&ix, ": \"%s\"%s", fname, i + 1 < nb ? "," : "");
         }
-        sb_puts(&ix, P.nt ? "\n    }\n}" : "}\n}");
+        sb_puts(&ix, nb ? "\n    }\n}" : "}\n}");
         free(byname);
         char *p = pjoin(tmp, "model.safetensors.index.json");
         FILE *f = fopen(p, "wb");

@@ -16,7 +16,10 @@
 typedef struct {
     int bits;            /* 2, 4 or 8 (default 4) */
     int group;           /* 32, 64 or 128 (default 64) */
-    bool keep_mtp;       /* keep the mtp.* tensors (verbatim, bf16) */
+    bool no_mtp;         /* drop the MTP head (by default it goes to OUT_DIR/mtp.safetensors, quantized
+                          * like the layers, outside the index, so the shards stay mlx-lm's) */
+    bool mtp_only;       /* write only mtp.safetensors, into OUT_DIR: an existing converted checkpoint
+                          * of the same geometry (e.g. an mlx-community download, which lacks the head) */
     bool quiet;          /* no progress lines */
     int threads;         /* 0: all cores */
     size_t shard_bytes;  /* shard limit; 0: mlx-lm's 5 GiB */

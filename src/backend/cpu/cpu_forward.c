@@ -17,6 +17,7 @@
 
 #include "../backend.h"
 #include "cpu_mm.h"
+#include "cpu_mtp.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
 
@@ -66,6 +67,10 @@ struct lilac_session {
     int rt_n, rt_t0;       /* the forward() call's tokens and the chunk's first (rt_n 0: no table applies) */
     double rt_regret;      /* worst replayed regret since route_replay */
     int64_t rt_differ;     /* replayed rows that differed from the own top-k */
+    /* MTP head (cpu_mtp.c): its KV cache is kcache/vcache[n_layers] */
+    float *hid_rec;        /* hidden_record's table, hid_cap rows; hid_t0: the chunk's first row (-1: off) */
+    int hid_cap, hid_t0;
+    cpu_mtp *mtp;
 };
 
 /* ---- session ------------------------------------------------------------ */
@@ -77,13 +82,16 @@ static void cpu_session_reset(lilac_session *s) {
         if (s->ssm[l]) memset(s->ssm[l], 0, sizeof(float) * (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim));
     }
     s->pos = 0;
+    if (s->mtp) cpu_mtp_reset(s->mtp);
 }
 
 static void cpu_session_free(lilac_session *s) {
     if (!s) return;
     for (int l = 0; l < s->m->cfg.n_layers; l++) {
-        free(s->conv_state[l]); free(s->ssm[l]); free(s->kcache[l]); free(s->vcache[l]);
+        free(s->conv_state[l]); free(s->ssm[l]);
     }
+    for (int l = 0; l <= s->m->cfg.n_layers; l++) { free(s->kcache[l]); free(s->vcache[l]); }
+    cpu_mtp_free(s->mtp);
     free(s->conv_state); free(s->ssm); free(s->kcache); free(s->vcache);
     float *bufs[] = {s->x, s->xn, s->r, s->qkv, s->conv_out, s->z, s->ba, s->bb, s->o, s->qg, s->kx, s->vx, s->att,
                      s->router, s->topw, s->sh_g, s->sh_u, s->sh_y,
@@ -110,8 +118,9 @@ static lilac_session *cpu_session_new(const lilac_model *m, int64_t max_seq, int
     int L = c->n_layers;
     s->conv_state = xcalloc((size_t)L, sizeof(float *));
     s->ssm = xcalloc((size_t)L, sizeof(float *));
-    s->kcache = xcalloc((size_t)L, sizeof(float *));
-    s->vcache = xcalloc((size_t)L, sizeof(float *));
+    s->kcache = xcalloc((size_t)L + 1, sizeof(float *)); /* + the MTP head's */
+    s->vcache = xcalloc((size_t)L + 1, sizeof(float *));
+    s->hid_t0 = -1;
     for (int l = 0; l < L; l++) {
         if (c->is_full[l]) continue;
         s->conv_state[l] = fbuf((c->conv_kernel - 1) * cfg_conv_dim(c));
@@ -148,8 +157,8 @@ static void kv_reserve(lilac_session *s, int64_t need) {
     while (cap < need) cap *= 2;
     if (cap > s->max_seq) cap = s->max_seq;
     const size_t row = sizeof(float) * (size_t)(c->n_kv_heads * c->head_dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        if (!c->is_full[l]) continue;
+    for (int l = 0; l <= c->n_layers; l++) {
+        if (l < c->n_layers ? !c->is_full[l] : !s->m->mtp) continue;
         s->kcache[l] = xrealloc(s->kcache[l], row * (size_t)cap);
         s->vcache[l] = xrealloc(s->vcache[l], row * (size_t)cap);
     }
@@ -545,6 +554,9 @@ static void forward_chunk(lilac_session *s, const int32_t *ids, int T, lilac_log
         for (int64_t i = 0; i < T * H; i++) s->x[i] += s->r[i];
     }
     for (int gi = 0; gi < s->ngrp; gi++) s->grp[gi].s->pos += s->grp[gi].n;
+    if (s->hid_t0 >= 0) /* hidden_record */
+        for (int t = 0; t < T; t++)
+            cpu_rmsnorm(s->hid_rec + (int64_t)(s->hid_t0 + t) * H, s->x + t * H, m->final_norm, H, c->rms_eps);
 
     if (mode == LOGITS_NONE) return;
     int first = mode == LOGITS_ALL ? 0 : T - 1;
@@ -588,6 +600,8 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
         return lilac_fail(err, "context full: %lld + %d tokens exceed the maximum of %lld", (long long)s->pos, n,
                           (long long)s->max_seq);
     if (check_route_tables(s, n, err) < 0) return -1;
+    if (s->hid_rec && n > s->hid_cap)
+        return lilac_fail(err, "forward: %d tokens exceed the hidden-state record's %d", n, s->hid_cap);
     for (int done = 0; done < n;) {
         int T = n - done < CHUNK ? n - done : CHUNK;
         bool last = done + T == n;
@@ -597,8 +611,10 @@ static int cpu_forward(lilac_session *s, const int32_t *ids, int n, lilac_logits
         s->grp[0] = (rowgroup){.s = s, .t0 = 0, .n = T};
         s->rt_n = n;
         s->rt_t0 = done;
+        s->hid_t0 = s->hid_rec ? done : -1;
         forward_chunk(s, ids + done, T, cm, out);
         s->rt_n = 0;
+        s->hid_t0 = -1;
         done += T;
     }
     return 0;
@@ -680,6 +696,7 @@ static int cpu_restore(lilac_session *s, const lilac_snapshot *snap, lilac_err *
                                               (long long)snap->pos, (long long)s->pos);
     copy_state(s, snap->data, false);
     s->pos = snap->pos;
+    if (s->mtp) cpu_mtp_truncate(s->mtp, snap->pos);
     return 0;
 }
 
@@ -734,4 +751,32 @@ const lilac_backend lilac_backend_cpu = {
     .route_replay = cpu_route_replay,
     .route_regret = cpu_route_regret,
     .kv_bytes = 4, /* f32 (set_kv_bf16 rounds the values, the cache stays f32) */
+    .mtp = &cpu_mtp_ops,
 };
+
+/* ---- hooks of the MTP head (cpu_mtp.h) ------------------------------------ */
+
+cpu_mtp **cpu_session_mtp(lilac_session *s) { return &s->mtp; }
+const lilac_model *cpu_session_model(const lilac_session *s) { return s->m; }
+int64_t cpu_session_max_seq(const lilac_session *s) { return s->max_seq; }
+
+void cpu_hidden_record(lilac_session *s, float *hidden, int cap) {
+    s->hid_rec = hidden;
+    s->hid_cap = hidden ? cap : 0;
+}
+
+void cpu_mtp_layer(lilac_session *s, const lilac_layer *ly, float *x, int T, int64_t pos) {
+    const lilac_config *c = &s->m->cfg;
+    const int64_t H = c->hidden, saved = s->pos;
+    s->pos = pos; /* attn_layer places the rows at s->pos.. */
+    s->ngrp = 1;
+    s->grp[0] = (rowgroup){.s = s, .t0 = 0, .n = T};
+    s->rt_n = 0;
+    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, x + t * H, ly->in_norm, H, c->rms_eps);
+    attn_layer(s, ly, c->n_layers, T);
+    for (int64_t i = 0; i < T * H; i++) x[i] += s->r[i];
+    for (int t = 0; t < T; t++) cpu_rmsnorm(s->xn + t * H, x + t * H, ly->post_norm, H, c->rms_eps);
+    moe_layer(s, ly, c->n_layers, T);
+    for (int64_t i = 0; i < T * H; i++) x[i] += s->r[i];
+    s->pos = saved;
+}
