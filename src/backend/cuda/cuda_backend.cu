@@ -97,6 +97,7 @@ extern "C" const lilac_backend lilac_backend_cuda = {
     2,       // kv_bytes: bf16
     cuda_set_attn_bf16,
     cuda_sample_constrain,
+    nullptr, // mtp: the MTP head runs on the CPU backend only, for now
 };
 
 // ---------------------------------------------------------------- measurements for bench
