@@ -23,8 +23,11 @@ class Tty:
     def __init__(self, *args):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
-            os.environ.update(TERM="xterm", ASAN_OPTIONS="detect_leaks=0")
-            os.execv(LILAC, [LILAC, *args])
+            try:
+                os.environ.update(TERM="xterm", ASAN_OPTIONS="detect_leaks=0")
+                os.execv(LILAC, [LILAC, *args])
+            finally:
+                os._exit(127)  # the child never returns into pytest
         self.out = b""
 
     def expect(self, pattern, timeout=30):
