@@ -180,6 +180,13 @@ static void fill(const spec *s, int si, uint64_t seed, lilac_synth_router router
     }
 }
 
+void lilac_synth_ensure_attention(lilac_config *c) {
+    if (c->n_layers < 2) return;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->is_full[l]) return;
+    c->is_full[c->n_layers - 1] = true;
+}
+
 static void write_config(FILE *f, const lilac_config *c, const char *note) {
     const int L = c->n_layers, nfreq = c->rotary_dim / 2, ms = (nfreq * 11 + 16) / 32;
     fprintf(f, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n");
