@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/small_tokenizer.h"
 #include "../model/synth.h"
 #include "../tools/bench.h"
 #include "../tools/convert.h"
@@ -18,7 +19,9 @@ static const char synth_help[] =
     "                   [--inter I] [--router MODE] [--force] [--quiet]\n"
     "\n"
     "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
-    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
+    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed,\n"
+    "with a small byte-level BPE tokenizer (the Qwen special tokens at the real ids when the\n"
+    "vocabulary reaches them) and the official chat template, so generate --chat runs on it.\n"
     "\n"
     "  --out DIR       the checkpoint directory (created; an existing non-empty one only with --force)\n"
     "  --force         overwrite the files of an existing non-empty --out DIR\n"
@@ -26,7 +29,7 @@ static const char synth_help[] =
     "  --seed S        default 0\n"
     "  --layers N      1..40 (default 40); layers 4, 8, ... are full attention, the others\n"
     "                  linear; at 2 or 3 layers the last one is full attention\n"
-    "  --vocab V       a positive multiple of 64 (default 248320)\n"
+    "  --vocab V       a positive multiple of 64 (default 248320); below 512 no tokenizer is written\n"
     "  --hidden H      hidden size, a positive multiple of 64 (default 2048)\n"
     "  --experts E     routed experts, 8..256 (default 256; the router modes other than\n"
     "                  random need all 256)\n"
@@ -111,6 +114,12 @@ int cmd_synth(int argc, char **argv) {
                           .config_note = mode ? note : NULL, .quiet = quiet};
     lilac_err err = {{0}};
     if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
+    int eos = 0;
+    if (c.vocab >= LILAC_SMALL_TOKENIZER_MIN_VOCAB) {
+        if (lilac_small_tokenizer_write(out, c.vocab, &eos, &err) < 0) lilac_die("synth: %s", err.msg);
+    } else if (!quiet)
+        fprintf(stderr, "synth: no tokenizer written (--vocab %ld is below the %d a byte-level tokenizer needs)\n",
+                vocab, LILAC_SMALL_TOKENIZER_MIN_VOCAB);
     lilac_config_free(&c);
     return 0;
 }

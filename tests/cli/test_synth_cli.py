@@ -4,6 +4,8 @@ template that `lilac generate --chat` runs on, and reports progress unless --qui
 import json
 import os
 import subprocess
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,3 +56,49 @@ def test_four_layers_keep_the_real_pattern(tmp_path):
     out = tmp_path / "m4"
     assert synth(out, "--layers", "4").returncode == 0
     assert layer_types(out) == ["linear_attention"] * 3 + ["full_attention"]
+
+
+def added(out):
+    return {a["content"]: a["id"] for a in json.loads((out / "tokenizer.json").read_text())["added_tokens"]}
+
+
+def test_tokenizer_and_template_make_generate_chat_work(tmp_path):
+    out = tmp_path / "m"
+    assert synth(out, "--layers", "2").returncode == 0
+    assert (out / "chat_template.jinja").read_text().startswith("{%- set image_count")
+    ids = added(out)
+    for name in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"):
+        assert name in ids and 0 <= ids[name] < 1024
+    tok = json.loads((out / "tokenizer.json").read_text())
+    assert all(i < 1024 for i in tok["model"]["vocab"].values())
+    p = subprocess.run([LILAC, "generate", "--model", str(out), "--backend", "cpu", "--prompt", "Hello there",
+                        "--chat", "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([LILAC, "tokenize", "--model", str(out), "--special"], input="<|im_start|>user",
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert str(ids["<|im_start|>"]) in p.stdout
+
+
+def test_tokenizer_checked_by_hf_tokenizers(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    out = tmp_path / "m"
+    assert synth(out, "--layers", "1").returncode == 0
+    t = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = added(out)
+    enc = t.encode("<|im_start|>user\nHello, world!<|im_end|>").ids
+    assert enc[0] == ids["<|im_start|>"] and enc[-1] == ids["<|im_end|>"]
+    assert t.decode(enc[1:-1]) == "user\nHello, world!"
+
+
+def test_full_vocab_puts_specials_at_the_real_ids(tmp_path):
+    out = tmp_path / "m"
+    p = subprocess.run([LILAC, "synth", "--out", str(out), "--layers", "1", "--hidden", "64", "--experts", "8",
+                        "--inter", "64"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    ids = added(out)
+    # The real Qwen3.6 ids (its config's eos_token_id is <|endoftext|>).
+    assert ids["<|endoftext|>"] == 248044 and ids["<|im_start|>"] == 248045 and ids["<|im_end|>"] == 248046
+    assert ids["<think>"] == 248068 and ids["</think>"] == 248069
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["text_config"]["eos_token_id"] == 248044
