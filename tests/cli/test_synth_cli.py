@@ -4,6 +4,7 @@ template that `lilac generate --chat` runs on, and reports progress unless --qui
 import json
 import os
 import subprocess
+import time
 
 import pytest
 from pathlib import Path
@@ -102,3 +103,46 @@ def test_full_vocab_puts_specials_at_the_real_ids(tmp_path):
     assert ids["<think>"] == 248068 and ids["</think>"] == 248069
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["text_config"]["eos_token_id"] == 248044
+
+
+def test_progress_lines_unless_quiet(tmp_path):
+    p = synth(tmp_path / "a", "--layers", "2")
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "tensors (" in ln]
+    assert 9 <= len(lines) <= 11 and lines[-1].endswith("(100%)")
+    p = synth(tmp_path / "b", "--layers", "2", "--quiet")
+    assert p.returncode == 0 and p.stderr == ""
+
+
+def test_bench_flushes_each_row(tmp_path):
+    """Each row reaches a pipe when its context length is measured, not all at the end: the row for
+    context 4 arrives well before the one for 256 (without a flush both come in one write at exit)."""
+    out = tmp_path / "m"
+    assert synth(out, "--layers", "1", "--quiet").returncode == 0
+    p = subprocess.Popen([LILAC, "bench", "--model", str(out), "--backend", "cpu", "--prompt-lens", "4,256",
+                          "--decode-steps", "2", "--rounds", "2"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True)
+    seen = {}
+    for line in p.stdout:
+        first = line.split()[:1]
+        if first in (["4"], ["256"]):
+            seen[first[0]] = time.monotonic()
+    assert p.wait(timeout=300) == 0
+    assert set(seen) == {"4", "256"}
+    assert seen["256"] - seen["4"] > 0.005
+
+
+def test_convert_progress_lines_unless_quiet(tmp_path):
+    """Off a terminal, convert prints a line per 10% of the bytes (and none with --quiet)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "convert"))
+    import make_hf
+    hf = make_hf.write_hf(tmp_path / "hf", make_hf.TINY, seed=1)
+    p = subprocess.run([LILAC, "convert", "--from", str(hf), "--to", str(tmp_path / "a")], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "%" in ln and "GB/s" in ln and "ETA" in ln]
+    assert 5 <= len(lines) <= 12, p.stderr
+    p = subprocess.run([LILAC, "convert", "--from", str(hf), "--to", str(tmp_path / "b"), "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
