@@ -1,10 +1,13 @@
 /* cmd_tools.c — `lilac synth`, `lilac convert` and `lilac bench`: their options,
  * parsed here and handed to the library (model/synth.h, tools/convert.h,
  * tools/bench.h). */
+#include <dirent.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/small_tokenizer.h"
 #include "../model/synth.h"
 #include "../tools/bench.h"
 #include "../tools/convert.h"
@@ -13,15 +16,20 @@
 
 static const char synth_help[] =
     "usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--hidden H] [--experts E]\n"
-    "                   [--inter I] [--router MODE]\n"
+    "                   [--inter I] [--router MODE] [--force] [--quiet]\n"
     "\n"
     "A random-weight checkpoint of the real Qwen3.6-35B-A3B geometry (or its first N\n"
-    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed.\n"
+    "layers, or a smaller vocabulary) in the mlx-community 4-bit format, deterministic by seed,\n"
+    "with a small byte-level BPE tokenizer (the Qwen special tokens at the real ids when the\n"
+    "vocabulary reaches them) and the official chat template, so generate --chat runs on it.\n"
     "\n"
-    "  --out DIR       the checkpoint directory (created)\n"
+    "  --out DIR       the checkpoint directory (created; an existing non-empty one only with --force)\n"
+    "  --force         overwrite the files of an existing non-empty --out DIR\n"
+    "  --quiet         no progress lines on stderr\n"
     "  --seed S        default 0\n"
-    "  --layers N      1..40 (default 40)\n"
-    "  --vocab V       a positive multiple of 64 (default 248320)\n"
+    "  --layers N      1..40 (default 40); layers 4, 8, ... are full attention, the others\n"
+    "                  linear; at 2 or 3 layers the last one is full attention\n"
+    "  --vocab V       a positive multiple of 64 (default 248320); below 512 no tokenizer is written\n"
     "  --hidden H      hidden size, a positive multiple of 64 (default 2048)\n"
     "  --experts E     routed experts, 8..256 (default 256; the router modes other than\n"
     "                  random need all 256)\n"
@@ -46,9 +54,21 @@ static const char synth_help[] =
     "                  The layers' outputs dilute it; the shifts grow with depth to match, so the\n"
     "                  skew holds through all 40 layers (measured on the CPU reference).\n";
 
+/* 1 when path exists and is not an empty directory. */
+static int dir_nonempty(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return access(path, F_OK) == 0;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n > 0;
+}
+
 int cmd_synth(int argc, char **argv) {
     const char *out = NULL, *router = "random";
     long seed = 0, layers = 40, vocab = 0, hidden = 0, experts = 0, inter = 0;
+    bool force = false, quiet = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(synth_help, stdout);
@@ -58,16 +78,19 @@ int cmd_synth(int argc, char **argv) {
             !opt_int(argc, argv, &i, "--layers", &layers) && !opt_int(argc, argv, &i, "--vocab", &vocab) &&
             !opt_int(argc, argv, &i, "--hidden", &hidden) && !opt_int(argc, argv, &i, "--experts", &experts) &&
             !opt_int(argc, argv, &i, "--inter", &inter) &&
-            !opt_str(argc, argv, &i, "--router", &router))
+            !opt_str(argc, argv, &i, "--router", &router) && !opt_flag(argc, argv, &i, "--force", &force) &&
+            !opt_flag(argc, argv, &i, "--quiet", &quiet))
             opt_unknown("synth", argv[i]);
     }
     if (!out) lilac_die("usage: lilac synth --out DIR [--seed S] [--layers N] [--vocab V] [--router MODE] (see lilac synth --help)");
+    if (!force && dir_nonempty(out)) lilac_die("synth: %s exists and is not empty; pass --force to overwrite it", out);
     const int mode = lilac_synth_router_parse(router);
     if (mode < 0) lilac_die("--router must be random, ties, one or skew (got \"%s\")", router);
     lilac_config c;
     lilac_config_real(&c);
     if (layers < 1 || layers > c.n_layers) lilac_die("--layers must be in 1..%d", c.n_layers);
     c.n_layers = (int)layers;
+    lilac_synth_ensure_attention(&c);
     if (vocab) {
         if (vocab < 64 || vocab % 64) lilac_die("--vocab must be a positive multiple of 64");
         c.vocab = vocab;
@@ -88,9 +111,15 @@ int cmd_synth(int argc, char **argv) {
     char note[64];
     snprintf(note, sizeof note, "lilac synth --router %s", router);
     lilac_synth_opts o = {.seed = (uint64_t)seed, .shard_bytes = 5000000000ull, .router = (lilac_synth_router)mode,
-                          .config_note = mode ? note : NULL};
+                          .config_note = mode ? note : NULL, .quiet = quiet};
     lilac_err err = {{0}};
     if (lilac_synth_write(out, &c, &o, &err) < 0) lilac_die("%s", err.msg);
+    int eos = 0;
+    if (c.vocab >= LILAC_SMALL_TOKENIZER_MIN_VOCAB) {
+        if (lilac_small_tokenizer_write(out, c.vocab, &eos, &err) < 0) lilac_die("synth: %s", err.msg);
+    } else if (!quiet)
+        fprintf(stderr, "synth: no tokenizer written (--vocab %ld is below the %d a byte-level tokenizer needs)\n",
+                vocab, LILAC_SMALL_TOKENIZER_MIN_VOCAB);
     lilac_config_free(&c);
     return 0;
 }

@@ -180,6 +180,13 @@ static void fill(const spec *s, int si, uint64_t seed, lilac_synth_router router
     }
 }
 
+void lilac_synth_ensure_attention(lilac_config *c) {
+    if (c->n_layers < 2) return;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->is_full[l]) return;
+    c->is_full[c->n_layers - 1] = true;
+}
+
 static void write_config(FILE *f, const lilac_config *c, const char *note) {
     const int L = c->n_layers, nfreq = c->rotary_dim / 2, ms = (nfreq * 11 + 16) / 32;
     fprintf(f, "{\n  \"model_type\": \"qwen3_5_moe\",\n  \"architectures\": [\"Qwen3_5MoeForConditionalGeneration\"],\n");
@@ -307,7 +314,8 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
     fclose(idx);
 
     size_t bytes = 0;
-    int failed = 0;
+    int failed = 0, done_tensors = 0, tenth = 0;
+    const bool tty = isatty(STDERR_FILENO);
 #pragma omp parallel for schedule(dynamic, 1) reduction(+ : bytes, failed)
     for (int i = 0; i < S.n; i++) {
         const spec *s = &S.v[i];
@@ -322,7 +330,17 @@ int lilac_synth_write(const char *out, const lilac_config *cc, const lilac_synth
         }
         bytes += done;
         free(buf);
+        if (!o->quiet) { /* a line per 10% of the tensors, or a TTY bar */
+#pragma omp critical(synth_progress)
+            {
+                const int t = 10 * ++done_tensors / S.n;
+                if (tty) fprintf(stderr, "\rsynth: %d/%d tensors (%d%%)\033[K", done_tensors, S.n, 100 * done_tensors / S.n);
+                else if (t > tenth) fprintf(stderr, "synth: %d/%d tensors (%d%%)\n", done_tensors, S.n, 100 * done_tensors / S.n);
+                if (t > tenth) tenth = t;
+            }
+        }
     }
+    if (!o->quiet && tty) fputs("\r\033[K", stderr);
     for (int sh = 0; sh < n_shards; sh++)
         if (close(fds[sh]) < 0) failed++;
     if (failed) lilac_die("synth: writing the checkpoint failed (disk full?)");

@@ -50,6 +50,11 @@ int lilac_synth_one_expert(int E);
  * offset undiluted. */
 float lilac_synth_router_shift(lilac_synth_router r, int E, int e);
 
+/* Makes the last of c's n_layers a full-attention layer when the every-4th
+ * pattern gives none among them (n_layers 2 and 3): every synth checkpoint of
+ * two or more layers runs attention. Other layer counts are left as they are. */
+void lilac_synth_ensure_attention(lilac_config *c);
+
 /* Writes DIR/config.json and the safetensors (one file, or shards + index).
  * `c` needs the geometry fields, eos_id and max_pos. 0, or -1 + err. */
 int lilac_synth_write(const char *dir, const lilac_config *c, const lilac_synth_opts *o, lilac_err *err);

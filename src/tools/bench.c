@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../backend/backend.h"
 #include "../util/diag.h"
@@ -124,6 +125,9 @@ int lilac_bench(const lilac_bench_opts *o) {
     else if (bw > 0) printf("device copy bandwidth (read+write) measured: %.0f GB/s\n", bw / 1e9);
     printf("%8s %11s %7s %9s %11s %7s %9s %9s %18s\n", "context", "prefill/s", "spread", "TTFT ms", "decode/s", "spread",
            "dec %bw", "pre TF/s", "digest");
+    fflush(stdout);
+    /* On a terminal, a progress line on stderr while a context length is measured (rows come only at its end). */
+    const bool tty = isatty(STDERR_FILENO);
 
     float *logits = xmalloc(sizeof(float) * (size_t)V);
     collect col = {.cap = (int)steps, .ids = xmalloc(sizeof(int32_t) * (size_t)steps)};
@@ -135,6 +139,8 @@ int lilac_bench(const lilac_bench_opts *o) {
         uint64_t digest = 0;
         bool digest_stable = true;
         for (int r = -1; r < rounds; r++) { /* r = -1: the exact-shape warm-up */
+            if (tty && r < 0) fprintf(stderr, "\rbench: context %d (%d of %d), warm-up\033[K", L, li + 1, n_lens);
+            else if (tty) fprintf(stderr, "\rbench: context %d (%d of %d), round %d of %ld\033[K", L, li + 1, n_lens, r + 1, rounds);
             be->session_reset(s);
             double t0 = lilac_now();
             if (be->forward(s, ids, L, LOGITS_LAST, logits, &err) < 0) lilac_die("%s", err.msg);
@@ -155,6 +161,7 @@ int lilac_bench(const lilac_bench_opts *o) {
             if (r > 0 && d != digest) digest_stable = false;
             digest = d;
         }
+        if (tty) fputs("\r\033[K", stderr);
         if (two_tok) {
             float *two = xmalloc(sizeof(float) * (size_t)V * 2);
             int32_t pair[2] = {1, 2};
@@ -179,6 +186,7 @@ int lilac_bench(const lilac_bench_opts *o) {
         const double ttft_ms = 1e3 * L / mp;
         printf("%8d %11.1f %6.1f%% %9.2f %11.2f %6.1f%% %8.1f%% %9.1f %016llx%s\n", L, mp, 100 * sp_pre, ttft_ms, md,
                100 * sp_dec, 100 * frac_bw, mp * flops / 1e12, (unsigned long long)digest, digest_stable ? "" : " (UNSTABLE)");
+        fflush(stdout);
         if (js)
             fprintf(js, "%s{\"prompt_len\": %d, \"prefill_tok_s\": %.2f, \"prefill_spread\": %.4f, \"ttft_ms\": %.3f, "
                         "\"decode_tok_s\": %.3f, "

@@ -848,7 +848,7 @@ typedef struct {
     double t0, last;
     size_t done, total;
     bool tty, quiet;
-    int printed;
+    int printed, tenth; /* tenth: the last 10% step a line was printed for (not a TTY) */
 } progress;
 
 static void fmt_time(char *buf, size_t cap, double s) {
@@ -865,7 +865,10 @@ static void progress_tick(progress *pg, size_t add, const char *name, bool final
     pg->done += add;
     if (pg->quiet) return;
     double now = lilac_now();
-    if (!final && now - pg->last < (pg->tty ? 0.2 : 10.0)) return;
+    /* A TTY bar at most 5 times a second; otherwise a line per 10% of the bytes. */
+    const int tenth = pg->total ? (int)(10 * pg->done / pg->total) : 10;
+    if (!final && (pg->tty ? now - pg->last < 0.2 : tenth <= pg->tenth)) return;
+    pg->tenth = tenth;
     pg->last = now;
     double el = now - pg->t0, rate = el > 0 ? pg->done / el : 0;
     char eta[32];

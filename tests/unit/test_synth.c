@@ -312,7 +312,30 @@ static void test_skew(void) {
     rm_dir(d);
 }
 
+/* Layer kinds: 2 and 3 layers gain a full-attention last layer; 1, 4 and 40
+ * keep the every-4th pattern of the real model unchanged. */
+static void test_ensure_attention(void) {
+    for (int L = 1; L <= 40; L++) {
+        lilac_config c;
+        lilac_config_real(&c);
+        c.n_layers = L;
+        bool before[64];
+        for (int l = 0; l < L; l++) before[l] = c.is_full[l];
+        lilac_synth_ensure_attention(&c);
+        int nfull = 0;
+        for (int l = 0; l < L; l++) {
+            nfull += c.is_full[l];
+            if (L >= 4 || L == 1) CHECKF(c.is_full[l] == before[l], "layers %d: layer %d changed", L, l);
+            else CHECKF(c.is_full[l] == (l == L - 1), "layers %d: layer %d kind", L, l);
+        }
+        CHECKF(L < 2 ? nfull == 0 : nfull >= 1, "layers %d: %d attention layers", L, nfull);
+        CHECKF(L < 4 || nfull == L / 4, "layers %d: %d attention layers", L, nfull);
+        lilac_config_free(&c);
+    }
+}
+
 int main(void) {
+    TEST(test_ensure_attention);
     TEST(test_parse);
     TEST(test_default_unchanged);
     TEST(test_modes_change_only_the_router);

@@ -1,11 +1,11 @@
-/* demo_template.h — the official Qwen3.6-35B-A3B chat_template.jinja (Apache-2.0,
- * 7764 bytes, sha256 e84f32a2...574259), embedded so `lilac demo` can write a model
+/* qwen_chat_template.h — the official Qwen3.6-35B-A3B chat_template.jinja (Apache-2.0,
+ * 7764 bytes, sha256 e84f32a2...574259), embedded so `lilac demo` and `lilac synth` can write a model
  * directory that carries the same template as the real checkpoint. Generated from
  * tests/data/templates/qwen3.6/chat_template.jinja; do not edit. */
-#ifndef LILAC_DEMO_TEMPLATE_H
-#define LILAC_DEMO_TEMPLATE_H
+#ifndef LILAC_QWEN_CHAT_TEMPLATE_H
+#define LILAC_QWEN_CHAT_TEMPLATE_H
 
-static const char lilac_demo_chat_template[] =
+static const char lilac_qwen_chat_template[] =
     "{%- set image_count = namespace(value=0) %}\n"
     "{%- set video_count = namespace(value=0) %}\n"
     "{%- macro render_content(content, do_vision_count, is_system_content=false) %}\n"
@@ -175,6 +175,6 @@ static const char lilac_demo_chat_template[] =
     "    {%- endif %}\n"
     "{%- endif %}";
 
-#define LILAC_DEMO_CHAT_TEMPLATE_LEN (sizeof lilac_demo_chat_template - 1)
+#define LILAC_QWEN_CHAT_TEMPLATE_LEN (sizeof lilac_qwen_chat_template - 1)
 
 #endif
