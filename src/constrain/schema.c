@@ -1109,44 +1109,55 @@ static cg_ast *param_value(sc *s, json_t *prop) {
 
 /* <function=NAME>\n, the parameters in the schema's order (the required ones
  * always, others optionally), </function>\n. */
+static cg_ast *tool_call_params(sc *s, json_t *params, cg_astv *seq);
+
 static cg_ast *tool_call_ast(sc *s, const char *name, json_t *params) {
     cg_builder *b = s->b;
     char head[600];
     snprintf(head, sizeof head, "<function=%s>\n", name);
     cg_astv seq = {0};
     astv_push(&seq, ast_str(b, head));
-    if (params && !json_is_null(params)) {
-        if (!json_is_object(params)) return sfail(s, "the parameters must be a JSON Schema object");
-        json_t *t = json_object_get(params, "type");
-        if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")))
-            return sfail(s, "the parameters' type must be \"object\"");
-        json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
-        if (props && !json_is_object(props)) return sfail(s, "'properties' must be an object");
-        const char *key;
-        json_t *prop;
-        json_object_foreach(props, key, prop) {
-            if (strchr(key, '>') || strchr(key, '\n')) return sfail(s, "parameter name '%.60s' holds '>' or a newline", key);
-            size_t o = path_push(s, ".properties.%s", key);
-            cg_ast *v = param_value(s, prop);
-            path_pop(s, o);
-            if (!v) return NULL;
-            char open[600];
-            snprintf(open, sizeof open, "<parameter=%s>\n", key);
-            cg_ast *p = ast_seq3(b, ast_str(b, open), v, ast_str(b, "\n</parameter>\n"));
-            bool required = false;
-            for (size_t i = 0; json_is_array(req) && i < json_array_size(req) && !required; i++)
-                required = json_is_string(json_array_get(req, i)) && !strcmp(json_string_value(json_array_get(req, i)), key);
-            astv_push(&seq, required ? p : ast_rep(b, p, 0, 1));
-        }
-        for (size_t i = 0; json_is_array(req) && i < json_array_size(req); i++) {
-            const char *r = json_string_value(json_array_get(req, i));
-            if (r && !json_object_get(props, r)) return sfail(s, "required parameter '%.60s' is not in 'properties'", r);
-        }
+    cg_ast *a = NULL;
+    if (tool_call_params(s, params, &seq)) { /* (NULL: failed; the list is freed on every path) */
+        astv_push(&seq, ast_str(b, "</function>\n"));
+        a = b->failed ? NULL : ast_seq(b, seq.v, seq.n);
     }
-    astv_push(&seq, ast_str(b, "</function>\n"));
-    cg_ast *a = b->failed ? NULL : ast_seq(b, seq.v, seq.n);
     astv_free(&seq);
     return a;
+}
+
+/* The <parameter=KEY> blocks into seq; NULL after an error (sfail), else a non-NULL marker. */
+static cg_ast *tool_call_params(sc *s, json_t *params, cg_astv *seq) {
+    cg_builder *b = s->b;
+    static cg_ast done;
+    if (!params || json_is_null(params)) return &done;
+    if (!json_is_object(params)) return sfail(s, "the parameters must be a JSON Schema object");
+    json_t *t = json_object_get(params, "type");
+    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "object")))
+        return sfail(s, "the parameters' type must be \"object\"");
+    json_t *props = json_object_get(params, "properties"), *req = json_object_get(params, "required");
+    if (props && !json_is_object(props)) return sfail(s, "'properties' must be an object");
+    const char *key;
+    json_t *prop;
+    json_object_foreach(props, key, prop) {
+        if (strchr(key, '>') || strchr(key, '\n')) return sfail(s, "parameter name '%.60s' holds '>' or a newline", key);
+        size_t o = path_push(s, ".properties.%s", key);
+        cg_ast *v = param_value(s, prop);
+        path_pop(s, o);
+        if (!v) return NULL;
+        char open[600];
+        snprintf(open, sizeof open, "<parameter=%s>\n", key);
+        cg_ast *p = ast_seq3(b, ast_str(b, open), v, ast_str(b, "\n</parameter>\n"));
+        bool required = false;
+        for (size_t i = 0; json_is_array(req) && i < json_array_size(req) && !required; i++)
+            required = json_is_string(json_array_get(req, i)) && !strcmp(json_string_value(json_array_get(req, i)), key);
+        astv_push(seq, required ? p : ast_rep(b, p, 0, 1));
+    }
+    for (size_t i = 0; json_is_array(req) && i < json_array_size(req); i++) {
+        const char *r = json_string_value(json_array_get(req, i));
+        if (r && !json_object_get(props, r)) return sfail(s, "required parameter '%.60s' is not in 'properties'", r);
+    }
+    return &done;
 }
 
 lilac_grammar *lilac_grammar_from_qwen_tools(const char *json, size_t len, lilac_err *err) {

@@ -42,6 +42,14 @@ def chat(client, seed=1, **kw):
 
 
 @pytest.fixture(scope="module")
+def client(server):
+    """The suite's client with room to wait: 100+ schemas queue on one slot (under ASan too)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
 def closers(http):
     """logit_bias that makes strings and containers end sooner."""
     out = {}
