@@ -25,7 +25,7 @@ require() {  # name test-command...
 }
 
 # The repository is self-contained: under CI, .ci/run mounts the clone where it has no sibling
-# folders, and this proves that it did (every suite below then runs without ../shared).
+# folders, and this proves that it did (every suite below then runs with nothing beside the repository).
 if [ "${CI:-}" = true ]; then
     sib=$(ls -A .. | grep -vx "$(basename "$PWD")" | head -n 3)
     if [ -z "$sib" ]; then TOTAL_P=$((TOTAL_P + 1)); printf '%-44s %4s passed %4s failed\n' repo/no-siblings 1 0

@@ -9,7 +9,7 @@ dequantised on the device and assigned in place, so peak GPU memory is the model
 tensor's temporaries.
 
 The MLX -> HF mapping (the inverse of `lilac convert`, src/tools/convert.c, and of
-tools/oracle/make_case.py's HF twin; spec ../shared/spec/model.md 2.1/2.2):
+tools/oracle/make_case.py's HF twin; the checkpoint layouts of both formats):
   language_model.model.X            -> model.X           (language_model.lm_head -> lm_head)
   quantized module M (M.weight u32 codes, M.scales, M.biases bf16) -> M.weight = s*q + b
       per group of 64 inputs, codes little-endian in uint32 words, LSB first; bits per
